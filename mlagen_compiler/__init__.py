@@ -1,0 +1,23 @@
+"""mlagen: a kernel-generation compiler for Multi-head Latent Attention.
+
+Pipeline (one module per stage): spec -> plan (lower) -> render -> compile (write / import).
+"""
+
+from ._version import __version__
+from .compile import compile_spec, import_module_from_path
+from .plan import KernelPlan, lower
+from .render import render_module
+from .spec import MLASpec, SpecError, load_spec, spec_from_dict
+
+__all__ = [
+    "KernelPlan",
+    "MLASpec",
+    "SpecError",
+    "__version__",
+    "compile_spec",
+    "import_module_from_path",
+    "load_spec",
+    "lower",
+    "render_module",
+    "spec_from_dict",
+]

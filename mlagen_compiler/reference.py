@@ -1,0 +1,198 @@
+"""Plain-PyTorch MLA, written from the maths (DESIGN.md §1), as the ground truth for every kernel.
+
+Everything computes in the dtype of its inputs; tests pass float64 (or float32) tensors. Two forms of
+the same layer are given and must agree with each other:
+
+* decompressed (MHA): expand k_nope / v per head from the latent c_kv, then ordinary causal attention;
+* absorbed (MQA): fold W_UK into the query and W_UV into the output, attend over [c_kv ; k_pe] rows.
+
+Plus absorbed decode over a paged cache with the contract of the generated `mla_decode`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+__all__ = [
+    "MLAWeights",
+    "absorb_query",
+    "apply_rope",
+    "attention",
+    "decode_paged",
+    "mla_absorbed",
+    "mla_decompressed",
+    "project",
+    "random_weights",
+]
+
+
+@dataclass(frozen=True)
+class MLAWeights:
+    """Raw projection weights of one MLA layer (nn.Linear convention: y = x @ W.T).
+
+    w_dq [Lq, hidden] and w_uq [H*(Dn+Dr), Lq] when q_lora_rank is set, else w_q [H*(Dn+Dr), hidden];
+    w_dkv [Dc, hidden], w_kr [Dr, hidden], w_uk [H, Dn, Dc], w_uv [H, Dv, Dc].
+    """
+
+    num_heads: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    kv_lora_rank: int
+    w_dkv: torch.Tensor
+    w_kr: torch.Tensor
+    w_uk: torch.Tensor
+    w_uv: torch.Tensor
+    w_q: torch.Tensor | None = None
+    w_dq: torch.Tensor | None = None
+    w_uq: torch.Tensor | None = None
+
+
+def random_weights(
+    *,
+    hidden: int,
+    num_heads: int,
+    kv_lora_rank: int,
+    qk_rope_head_dim: int,
+    qk_nope_head_dim: int,
+    v_head_dim: int,
+    q_lora_rank: int | None,
+    generator: torch.Generator,
+    dtype: torch.dtype = torch.float64,
+) -> MLAWeights:
+    def mat(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=dtype) / shape[-1] ** 0.5
+
+    q_out = num_heads * (qk_nope_head_dim + qk_rope_head_dim)
+    q_weights = (
+        {"w_dq": mat(q_lora_rank, hidden), "w_uq": mat(q_out, q_lora_rank)}
+        if q_lora_rank
+        else {"w_q": mat(q_out, hidden)}
+    )
+    return MLAWeights(
+        num_heads=num_heads,
+        qk_nope_head_dim=qk_nope_head_dim,
+        qk_rope_head_dim=qk_rope_head_dim,
+        v_head_dim=v_head_dim,
+        kv_lora_rank=kv_lora_rank,
+        w_dkv=mat(kv_lora_rank, hidden),
+        w_kr=mat(qk_rope_head_dim, hidden),
+        w_uk=mat(num_heads, qk_nope_head_dim, kv_lora_rank),
+        w_uv=mat(num_heads, v_head_dim, kv_lora_rank),
+        **q_weights,
+    )
+
+
+def _rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def apply_rope(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
+    """Rotary embedding over the last dimension (pairs (i, i + d/2)); x [..., T, (heads,) d]."""
+    dim = x.shape[-1]
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=x.dtype, device=x.device) / dim)
+    angles = positions.to(x.dtype)[:, None] * inv_freq[None, :]
+    cos, sin = torch.cos(angles).repeat(1, 2), torch.sin(angles).repeat(1, 2)
+    if x.dim() == 3:  # [T, H, d]
+        cos, sin = cos[:, None, :], sin[:, None, :]
+    half = dim // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def project(weights: MLAWeights, hidden: torch.Tensor, positions: torch.Tensor):
+    """Hidden states [T, hidden] -> (q_nope [T,H,Dn], q_pe [T,H,Dr], c_kv [T,Dc], k_pe [T,Dr])."""
+    w = weights
+    if w.w_q is not None:
+        q = hidden @ w.w_q.T
+    else:
+        assert w.w_dq is not None and w.w_uq is not None
+        q = _rms_norm(hidden @ w.w_dq.T) @ w.w_uq.T
+    q = q.view(hidden.shape[0], w.num_heads, w.qk_nope_head_dim + w.qk_rope_head_dim)
+    q_nope, q_pe = q[..., : w.qk_nope_head_dim], apply_rope(q[..., w.qk_nope_head_dim :], positions)
+    c_kv = _rms_norm(hidden @ w.w_dkv.T)
+    k_pe = apply_rope(hidden @ w.w_kr.T, positions)
+    return q_nope, q_pe, c_kv, k_pe
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, visible: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention. q [T, H, Dq], k [S, H, Dq], v [S, H, Dv], visible [T, S] bool.
+
+    Returns out [T, H, Dv] and lse [H, T] (natural log; -inf and zero output for a row that sees nothing).
+    """
+    scores = torch.einsum("thd,shd->hts", q, k) * scale
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    out = torch.einsum("hts,shd->thd", probs, v)
+    return out, lse
+
+
+def causal_mask(num_queries: int, num_keys: int, device: torch.device | None = None) -> torch.Tensor:
+    """Query i (the last num_queries positions of num_keys) sees keys 0..num_keys-num_queries+i."""
+    q_pos = torch.arange(num_queries, device=device)[:, None] + (num_keys - num_queries)
+    return torch.arange(num_keys, device=device)[None, :] <= q_pos
+
+
+def mla_decompressed(weights: MLAWeights, q_nope, q_pe, c_kv, k_pe, scale: float):
+    """MHA form: k_i = [W_UK_i c_kv ; k_pe], v_i = W_UV_i c_kv. Causal; queries are the last T keys."""
+    k_nope = torch.einsum("sc,hnc->shn", c_kv, weights.w_uk)
+    v = torch.einsum("sc,hvc->shv", c_kv, weights.w_uv)
+    num_heads = weights.num_heads
+    k = torch.cat([k_nope, k_pe[:, None, :].expand(-1, num_heads, -1)], dim=-1)
+    q = torch.cat([q_nope, q_pe], dim=-1)
+    return attention(q, k, v, scale, causal_mask(q.shape[0], k.shape[0], q.device))
+
+
+def absorb_query(weights: MLAWeights, q_nope: torch.Tensor, q_pe: torch.Tensor) -> torch.Tensor:
+    """q~_i = [W_UK_i^T q_nope_i ; q_pe_i]: [T, H, Dc + Dr]."""
+    return torch.cat([torch.einsum("thn,hnc->thc", q_nope, weights.w_uk), q_pe], dim=-1)
+
+
+def mla_absorbed(weights: MLAWeights, q_nope, q_pe, c_kv, k_pe, scale: float):
+    """MQA form: every head attends over the shared rows [c_kv ; k_pe]; o_i = W_UV_i o_lat_i."""
+    q_abs = absorb_query(weights, q_nope, q_pe)
+    rows = torch.cat([c_kv, k_pe], dim=-1)[:, None, :]
+    visible = causal_mask(q_abs.shape[0], rows.shape[0], q_abs.device)
+    o_lat, lse = attention(q_abs, rows, c_kv[:, None, :], scale, visible)
+    return torch.einsum("thc,hvc->thv", o_lat, weights.w_uv), lse
+
+
+def gather_pages(kv_cache: torch.Tensor, pages: torch.Tensor, seqlen: int) -> torch.Tensor:
+    """The first `seqlen` rows of one sequence from a paged cache [num_pages, page_size, 1, D]."""
+    page_size = kv_cache.shape[1]
+    n_pages = -(-seqlen // page_size)
+    rows = kv_cache[pages[:n_pages].long()].reshape(n_pages * page_size, kv_cache.shape[-1])
+    return rows[:seqlen]
+
+
+def decode_paged(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    kv_lora_rank: int,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Absorbed decode, the contract of the generated `mla_decode`, computed in q's dtype.
+
+    q [B, Sq, H, Dc+Dr]; query j of row b is at position cache_seqlens[b] - Sq + j and sees cache
+    positions <= its own. Returns out [B, Sq, H, Dc] and lse [B, H, Sq].
+    """
+    batch, seqlen_q, num_heads, _ = q.shape
+    out = q.new_zeros(batch, seqlen_q, num_heads, kv_lora_rank)
+    lse = q.new_full((batch, num_heads, seqlen_q), float("-inf"))
+    for b in range(batch):
+        seqlen = int(cache_seqlens[b])
+        if seqlen == 0:
+            continue
+        rows = gather_pages(kv_cache, block_table[b], seqlen).to(q.dtype)
+        q_pos = seqlen - seqlen_q + torch.arange(seqlen_q, device=q.device)
+        visible = torch.arange(seqlen, device=q.device)[None, :] <= q_pos[:, None]
+        o_b, lse_b = attention(q[b], rows[:, None, :], rows[:, None, :kv_lora_rank], scale, visible)
+        out[b], lse[b] = o_b, lse_b
+    return out, lse

@@ -1,0 +1,109 @@
+"""Stage 3 of the pipeline: render a KernelPlan into the source of a standalone Python module.
+
+One cached Jinja environment with StrictUndefined; the templates receive numbers and literals computed
+here or in the plan, never re-derive them. Output is deterministic: same plan + templates + version gives
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import pprint
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from ._version import __version__
+from .plan import KernelPlan, TileConfig
+
+__all__ = ["render_module", "template_dir", "templates_digest"]
+
+#: SM count assumed under the interpreter, so CPU runs still split the cache into several runs
+INTERPRETER_SM_COUNT = 2
+
+
+def _data_dir(name: str) -> Path:
+    """`templates/` and `specs/` live at the repository root and inside the wheel (mlagen_compiler/_data)."""
+    packaged = Path(__file__).parent / "_data" / name
+    if packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / name
+
+
+def template_dir() -> Path:
+    return _data_dir("templates")
+
+
+def bundled_spec_dir() -> Path:
+    return _data_dir("specs")
+
+
+@functools.lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(template_dir())),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        autoescape=False,
+    )
+
+
+def templates_digest() -> str:
+    """Hash of every template's bytes: part of what decides a generated module's content."""
+    digest = hashlib.sha256()
+    for path in sorted(template_dir().glob("*.jinja")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def _literal(value: Any) -> str:
+    """A deterministic Python literal (sorted dict keys), wrapped to the generated file's width."""
+    return pprint.pformat(value, width=100, sort_dicts=True)
+
+
+def _config_tuple(config: TileConfig) -> tuple[int, int, int]:
+    return (config.block_n, config.num_warps, config.num_stages)
+
+
+def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec = plan.spec
+    context: dict[str, Any] = {
+        "version": __version__,
+        "spec_name": spec.name,
+        "spec_hash": plan.spec_hash,
+        "spec_literal": _literal(spec.to_flat_dict()),
+        "num_heads": plan.num_heads,
+        "dc": spec.kv_lora_rank,
+        "dr": spec.qk_rope_head_dim,
+        "dn": spec.qk_nope_head_dim,
+        "dv": spec.v_head_dim,
+        "page_size": plan.page_size,
+        "dtype": plan.dtype,
+        "softmax_scale": repr(plan.softmax_scale),
+        "ln2": repr(math.log(2.0)),
+        "interpreter_sm_count": INTERPRETER_SM_COUNT,
+        "decode": plan.decode,
+    }
+    if plan.decode is not None:
+        decode_tuned = (tuned or {}).get("decode", {})
+        context.update(
+            decode_space=_literal({m: [_config_tuple(c) for c in cfgs] for m, cfgs in plan.decode.space}),
+            decode_defaults=_literal({m: _config_tuple(c) for m, c in plan.decode.defaults}),
+            decode_interpreter=_literal(_config_tuple(plan.decode.interpreter)),
+            decode_tuned=_literal({tuple(k.split("|", 1)): tuple(v) for k, v in decode_tuned.items()}),
+        )
+    return context
+
+
+def render_module(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> str:
+    """Source of the generated module for `plan`.
+
+    tuned: optional {"decode": {"<gpu name>|<bucket>": [block_n, num_warps, num_stages]}} rendered in as
+    the module's recorded configurations.
+    """
+    return _environment().get_template("module.py.jinja").render(**render_context(plan, tuned))

@@ -1,0 +1,153 @@
+"""Run generated kernels against the PyTorch reference on fresh random inputs (`mlagen verify`).
+
+On a GPU the kernels run natively; without one, in Triton's interpreter on smaller cases. Tolerances are
+per dtype and fixed here, for the tests and the CLI alike.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+__all__ = ["TOLERANCES", "CaseResult", "decode_cases", "make_decode_inputs", "run_decode_case"]
+
+#: (atol, rtol) for outputs in the kernel's dtype, and the bound on ||out - ref|| / ||ref||.
+#: bf16 keeps 8 mantissa bits (the probabilities are rounded to it before the PV product), fp16 keeps 11.
+TOLERANCES: dict[str, dict[str, float]] = {
+    "bfloat16": {"atol": 2e-2, "rtol": 2e-2, "rel_norm": 1e-2},
+    "float16": {"atol": 3e-3, "rtol": 3e-3, "rel_norm": 2e-3},
+}
+#: the log-sum-exp is accumulated in fp32 from the same rounded inputs in both
+LSE_TOLERANCE = {"atol": 1e-3, "rtol": 1e-3}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeCase:
+    name: str
+    seqlens: tuple[int, ...]
+    seqlen_q: int = 1
+    num_parts: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CaseResult:
+    spec: str
+    kernel: str
+    case: str
+    max_abs_error: float
+    rel_norm_error: float
+    passed: bool
+    detail: str = ""
+
+
+def decode_cases(page_size: int, on_gpu: bool) -> list[DecodeCase]:
+    """Lengths around page boundaries, varlen, Sq > 1, and several split counts."""
+    p = page_size
+    if on_gpu:
+        return [
+            DecodeCase("B=1 S=1", (1,)),
+            DecodeCase("B=4 page edges", (p - 1 if p > 1 else 1, p, p + 1, 3 * p)),
+            DecodeCase("B=8 varlen Sq=2", (4096, 17, 1000, 2 * p + 1, 513, 7, 3000, 64), seqlen_q=2),
+            DecodeCase("B=4 skewed Sq=4", (4641, 45118, 1730, 1696), seqlen_q=4),
+            DecodeCase("B=32 S=2048", (2048,) * 32),
+        ]
+    return [
+        DecodeCase("B=1 S=1", (1,)),
+        DecodeCase("B=3 page edges", (max(1, p - 1), p + 1, 2 * p), num_parts=3),
+        DecodeCase("B=2 varlen Sq=2", (37, 5), seqlen_q=2, num_parts=4),
+    ]
+
+
+def make_decode_inputs(module: ModuleType, seqlens, seqlen_q: int, generator, device) -> dict[str, Any]:
+    """Random q and paged cache for `seqlens`, pages shuffled so neighbours are never adjacent."""
+    import torch
+
+    page_size = module.PAGE_SIZE
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    batch = len(seqlens)
+    pages_per_seq = [max(1, -(-s // page_size)) for s in seqlens]
+    max_pages = max(pages_per_seq)
+    num_pages = sum(pages_per_seq) + 3
+    perm = torch.randperm(num_pages, generator=generator)
+    block_table = torch.full((batch, max_pages), -1, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages_per_seq):
+        block_table[b, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    dtype = module.DTYPE
+    kv_cache = torch.randn(num_pages, page_size, 1, width, generator=generator).to(dtype)
+    q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, generator=generator).to(dtype)
+    return {
+        "q": q.to(device),
+        "kv_cache": kv_cache.to(device),
+        "block_table": block_table.clamp_min(0).to(device),
+        "cache_seqlens": torch.tensor(seqlens, dtype=torch.int32, device=device),
+    }
+
+
+def compare(out, ref, dtype_name: str) -> tuple[float, float, str]:
+    """Max abs error, relative norm error and a failure message ('' when within tolerance)."""
+    import torch
+
+    tol = TOLERANCES[dtype_name]
+    out64, ref64 = out.double(), ref.double()
+    max_err = float((out64 - ref64).abs().nan_to_num(float("inf")).max()) if out.numel() else 0.0
+    denom = float(ref64.norm()) or 1.0
+    rel = float((out64 - ref64).norm()) / denom
+    try:
+        torch.testing.assert_close(out64, ref64, atol=tol["atol"], rtol=tol["rtol"])
+    except AssertionError as error:
+        return max_err, rel, str(error).splitlines()[0]
+    if not rel <= tol["rel_norm"]:
+        return max_err, rel, f"relative norm error {rel:.3g} > {tol['rel_norm']}"
+    return max_err, rel, ""
+
+
+def run_decode_case(module: ModuleType, case: DecodeCase, generator, device) -> CaseResult:
+    import torch
+
+    from .reference import decode_paged
+
+    inputs = make_decode_inputs(module, case.seqlens, case.seqlen_q, generator, device)
+    schedule = module.get_decode_schedule(len(case.seqlens), case.seqlen_q, device, num_parts=case.num_parts)
+    out, lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule)
+    ref_out, ref_lse = decode_paged(
+        inputs["q"].double(),
+        inputs["kv_cache"].double(),
+        inputs["block_table"],
+        inputs["cache_seqlens"],
+        module.KV_LORA_RANK,
+        module.SOFTMAX_SCALE,
+    )
+    max_err, rel, message = compare(out, ref_out, module.SPEC["dtype"])
+    if not message:
+        try:
+            torch.testing.assert_close(lse.double(), ref_lse, **LSE_TOLERANCE)
+        except AssertionError as error:
+            message = "lse: " + str(error).splitlines()[0]
+    return CaseResult(module.SPEC["name"], "decode", case.name, max_err, rel, not message, message)
+
+
+def verify_module(module: ModuleType, seed: int, on_gpu: bool, progress: Callable[[str], None]) -> list[CaseResult]:
+    import torch
+
+    device = torch.device("cuda") if on_gpu else torch.device("cpu")
+    results = []
+    for i, case in enumerate(decode_cases(module.PAGE_SIZE, on_gpu)):
+        progress(f"{module.SPEC['name']}: decode {case.name}")
+        generator = torch.Generator().manual_seed(seed * 1000 + i)
+        results.append(run_decode_case(module, case, generator, device))
+    return results
+
+
+def use_interpreter_if_no_gpu() -> bool:
+    """Select Triton's interpreter before any generated module is imported; True when on a GPU."""
+    import torch
+
+    on_gpu = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+    if not on_gpu:
+        os.environ["TRITON_INTERPRET"] = "1"
+    return on_gpu

@@ -1,0 +1,169 @@
+"""Property tests: generated mla_decode == reference absorbed decode over a paged cache.
+
+Runs in Triton's interpreter without a GPU and unchanged on one. Outputs are poisoned (NaN) before each
+call and workspaces are NaN-filled (MLAGEN_POISON_WORKSPACE, conftest), so unwritten elements fail.
+"""
+
+import pytest
+import torch
+from hypothesis import given, note
+from hypothesis import strategies as st
+
+from mlagen_compiler.reference import decode_paged
+from mlagen_compiler.verify import LSE_TOLERANCE, TOLERANCES, compare, make_decode_inputs
+
+GEOMETRIES = [  # (H, Dc, Dr): DeepSeek-like, Mistral-Small-4-like, MiniCPM3-like, odd widths
+    (16, 512, 64),
+    (1, 64, 16),
+    (40, 256, 32),
+    (128, 512, 64),
+    (3, 96, 16),
+    (5, 320, 48),
+    (32, 256, 64),
+]
+
+
+@st.composite
+def decode_problems(draw):
+    heads, dc, dr = draw(st.sampled_from(GEOMETRIES))
+    page_size = draw(st.sampled_from([1, 2, 4, 16, 64]))
+    dtype = draw(st.sampled_from(["bfloat16", "float16"]))
+    seqlen_q = draw(st.integers(1, 4))
+    p = page_size
+    length = st.one_of(
+        st.sampled_from(sorted({1, max(1, p - 1), p, p + 1, 2 * p - 1, 2 * p + 1, 3 * p})),
+        st.integers(1, 70),
+        st.just(0),  # an empty-but-valid sequence: output 0, lse -inf
+    )
+    seqlens = draw(st.lists(length, min_size=1, max_size=4))
+    num_parts = draw(st.one_of(st.none(), st.integers(1, 9)))
+    seed = draw(st.integers(0, 2**32 - 1))
+    return dict(
+        heads=heads,
+        dc=dc,
+        dr=dr,
+        page_size=page_size,
+        dtype=dtype,
+        seqlen_q=seqlen_q,
+        seqlens=seqlens,
+        num_parts=num_parts,
+        seed=seed,
+    )
+
+
+def module_for(build_module, problem):
+    return build_module(
+        name="prop",
+        num_heads=problem["heads"],
+        kv_lora_rank=problem["dc"],
+        qk_rope_head_dim=problem["dr"],
+        qk_nope_head_dim=64,
+        v_head_dim=64,
+        page_size=problem["page_size"],
+        dtype=problem["dtype"],
+    )
+
+
+@given(problem=decode_problems())
+def test_decode_matches_reference(build_module, device, problem):
+    note(repr(problem))
+    module = module_for(build_module, problem)
+    g = torch.Generator().manual_seed(problem["seed"])
+    inputs = make_decode_inputs(module, problem["seqlens"], problem["seqlen_q"], g, device)
+    batch, seqlen_q = len(problem["seqlens"]), problem["seqlen_q"]
+    schedule = module.get_decode_schedule(batch, seqlen_q, device, num_parts=problem["num_parts"])
+    out = torch.full(
+        (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK),
+        float("nan"),
+        dtype=module.DTYPE,
+        device=device,
+    )
+    lse = torch.full((batch, module.NUM_HEADS, seqlen_q), float("nan"), device=device)
+    got, got_lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
+    assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
+    want, want_lse = decode_paged(
+        inputs["q"].double(),
+        inputs["kv_cache"].double(),
+        inputs["block_table"],
+        inputs["cache_seqlens"],
+        module.KV_LORA_RANK,
+        module.SOFTMAX_SCALE,
+    )
+    assert not got.isnan().any(), "unwritten or NaN output elements"
+    _, _, message = compare(got, want, problem["dtype"])
+    assert not message, message
+    torch.testing.assert_close(got_lse.double(), want_lse, **LSE_TOLERANCE)
+
+
+def test_default_call_and_softmax_scale(build_module, device):
+    module = build_module(
+        name="plain",
+        num_heads=16,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        page_size=64,
+        dtype="bfloat16",
+    )
+    g = torch.Generator().manual_seed(7)
+    inputs = make_decode_inputs(module, [130, 5], 1, g, device)
+    out = module.mla_decode(**inputs)
+    assert out.shape == (2, 1, 16, 512) and out.dtype == torch.bfloat16
+    for scale in (None, 0.3):
+        got = module.mla_decode(**inputs, softmax_scale=scale)
+        want, _ = decode_paged(
+            inputs["q"].double(),
+            inputs["kv_cache"].double(),
+            inputs["block_table"],
+            inputs["cache_seqlens"],
+            512,
+            module.SOFTMAX_SCALE if scale is None else scale,
+        )
+        assert not compare(got, want, "bfloat16")[2]
+    assert TOLERANCES["bfloat16"]["rel_norm"] > 0
+
+
+@pytest.mark.parametrize(
+    ("argument", "mutate", "match"),
+    [
+        ("q", lambda a: a.update(q=a["q"].float()), "q: expected dtype"),
+        ("q", lambda a: a.update(q=a["q"][..., :-1]), "q: expected last dimension"),
+        ("q", lambda a: a.update(q=a["q"][0]), "q: expected 4 dimensions"),
+        ("q", lambda a: a.update(q=a["q"][:, :, :3]), "q: expected 4 heads"),
+        ("kv_cache", lambda a: a.update(kv_cache=a["kv_cache"].half()), "kv_cache: expected dtype"),
+        ("kv_cache", lambda a: a.update(kv_cache=a["kv_cache"][:, :2]), "kv_cache: expected \\[num_pages, 4"),
+        (
+            "block_table",
+            lambda a: a.update(block_table=a["block_table"].long()),
+            "block_table: expected dtype",
+        ),
+        ("block_table", lambda a: a.update(block_table=a["block_table"][:1]), "block_table: batch size 1"),
+        (
+            "cache_seqlens",
+            lambda a: a.update(cache_seqlens=a["cache_seqlens"][:1]),
+            "cache_seqlens: batch size",
+        ),
+        (
+            "cache_seqlens",
+            lambda a: a.update(cache_seqlens=a["cache_seqlens"][None]),
+            "cache_seqlens: expected 1",
+        ),
+        ("q", lambda a: a.update(q=a["q"].to("meta")), "kv_cache: expected device"),
+    ],
+)
+def test_bad_arguments_name_the_argument(build_module, device, argument, mutate, match):
+    module = build_module(
+        name="args",
+        num_heads=4,
+        kv_lora_rank=64,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=16,
+        page_size=4,
+        dtype="bfloat16",
+    )
+    inputs = make_decode_inputs(module, [5, 9], 1, torch.Generator().manual_seed(0), device)
+    mutate(inputs)
+    with pytest.raises(ValueError, match=match):
+        module.mla_decode(**inputs)

@@ -1,0 +1,58 @@
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlagen_compiler.plan import TileConfig, lower, next_pow2
+from mlagen_compiler.spec import spec_from_dict
+
+
+def spec(**over):
+    base = dict(
+        name="p",
+        num_heads=16,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=128,
+        v_head_dim=128,
+        page_size=64,
+    )
+    return spec_from_dict({**base, **over})
+
+
+def test_next_pow2():
+    assert [next_pow2(v) for v in (1, 2, 3, 16, 17, 192, 576, 1024)] == [1, 2, 4, 16, 32, 256, 1024, 1024]
+
+
+@given(dc=st.integers(4, 64).map(lambda k: 16 * k), dr=st.integers(1, 8).map(lambda k: 16 * k))
+def test_padding_is_pow2_and_covers(dc, dr):
+    plan = lower(spec(kv_lora_rank=dc, qk_rope_head_dim=dr)).decode
+    for real, padded in ((dc, plan.dc_pad), (dr, plan.dr_pad)):
+        assert padded >= real and padded & (padded - 1) == 0 and padded < 2 * real
+
+
+@given(dc=st.integers(4, 64).map(lambda k: 16 * k))
+def test_space_fits_registers_and_shared_memory(dc):
+    plan = lower(spec(kv_lora_rank=dc)).decode
+    assert plan.block_ms()[0] == 16 and plan.block_ms() == tuple(sorted(plan.block_ms()))
+    for block_m, configs in plan.space:
+        assert configs, block_m
+        for c in configs:
+            assert block_m * plan.dc_pad // (32 * c.num_warps) <= 160
+            assert c.num_stages * c.block_n * (plan.dc_pad + 64) * 2 + block_m * (plan.dc_pad + 64) * 2 <= 220 * 1024
+        default = dict(plan.defaults)[block_m]
+        assert default in configs
+
+
+def test_wide_latent_needs_eight_warps_for_64_rows():
+    plan = lower(spec(kv_lora_rank=512)).decode
+    assert {c.num_warps for c in dict(plan.space)[64]} == {8}
+    assert dict(plan.defaults)[64] == TileConfig(64, 8, 2)
+
+
+def test_overrides_pin_the_space():
+    plan = lower(spec(tiles={"decode": {"block_n": 32, "num_warps": 4, "num_stages": 3, "block_m": 32}})).decode
+    assert plan.space == ((32, (TileConfig(32, 4, 3),)),)
+    assert plan.min_block_m == plan.max_block_m == 32
+
+
+def test_prefill_only_spec_has_no_decode_plan():
+    assert lower(spec(kernels=["decode"])).decode is not None

@@ -1,0 +1,68 @@
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlagen_compiler import __version__
+from mlagen_compiler.compile import module_source
+from mlagen_compiler.registry import registered_specs, resolve_spec
+from mlagen_compiler.spec import spec_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = dict(
+    name="render-me",
+    num_heads=40,
+    kv_lora_rank=256,
+    qk_rope_head_dim=32,
+    qk_nope_head_dim=64,
+    v_head_dim=64,
+    q_lora_rank=768,
+    page_size=16,
+    dtype="float16",
+)
+
+
+def test_deterministic_and_header():
+    spec = spec_from_dict(SPEC)
+    first, second = module_source(spec), module_source(spec_from_dict(dict(reversed(list(SPEC.items())))))
+    assert first == second
+    header = first.splitlines()[0]
+    assert "render-me" in header and spec.content_hash() in header and __version__ in header
+    assert module_source(spec_from_dict({**SPEC, "page_size": 32})) != first
+
+
+def test_generated_imports_only_torch_triton_stdlib():
+    tree = ast.parse(module_source(spec_from_dict(SPEC)))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            imported.add((node.module or "").split(".")[0])
+    assert imported - {"torch", "triton"} <= set(sys.stdlib_module_names), imported
+
+
+def test_spec_dict_round_trips():
+    namespace: dict = {}
+    source = module_source(spec_from_dict(SPEC))
+    spec_line = source[source.index("SPEC = ") : source.index("SPEC_HASH")]
+    exec(spec_line, namespace)  # a plain literal: no imports needed
+    assert spec_from_dict(namespace["SPEC"]) == spec_from_dict(SPEC)
+    assert {k: namespace["SPEC"][k] for k in SPEC} == SPEC
+
+
+@pytest.mark.parametrize("name", sorted(registered_specs()))
+def test_generated_dir_matches_fresh_compile(name):
+    spec = resolve_spec(name)
+    committed = ROOT / "generated" / f"{spec.module_name}.py"
+    assert committed.exists(), f"generated/{spec.module_name}.py missing: run `mlagen compile --all`"
+    assert committed.read_text() == module_source(spec), (
+        f"generated/{committed.name} is stale: run `mlagen compile --all`"
+    )
+
+
+def test_no_stray_generated_modules():
+    expected = {resolve_spec(n).module_name for n in registered_specs()}
+    present = {p.stem for p in (ROOT / "generated").glob("*.py") if p.stem != "__init__"}
+    assert present == expected
