@@ -21,6 +21,7 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 SPEC = {'dtype': 'bfloat16',
  'kernels': ['decode'],
@@ -103,21 +104,11 @@ def _mma(a, b, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _split_schedule(SEQLENS, batch, num_parts, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
-    """Cut the cache blocks of the whole batch into `num_parts` equal runs.
-
-    Blocks are numbered batch-major (sequence b owns blocks [cum_start[b], cum_end[b])). Run p is
-    [p * per_part, (p + 1) * per_part). Returns the per-sequence block counts and block offsets (over
-    BLOCK_B lanes), the total and per_part. Both the split kernel and the combine kernel call this, so
-    they agree on who wrote which piece without any planning kernel or host synchronization.
-    """
-    offs_b = tl.arange(0, BLOCK_B)
-    lens = tl.load(SEQLENS + offs_b, mask=offs_b < batch, other=0)
-    n_blocks = tl.cdiv(lens, BLOCK_N)
-    cum_end = tl.cumsum(n_blocks, 0)
-    total = tl.sum(n_blocks, 0)
-    per_part = tl.maximum(tl.cdiv(total, num_parts), 1)
-    return offs_b, n_blocks, cum_end, total, per_part
+def _mma_acc(a, b, acc, UPCAST: tl.constexpr):
+    """acc + a @ b, accumulated in place in the fp32 acc (as the tensor cores do); UPCAST as in _mma."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    return tl.dot(a, b, acc)
 
 # ==================================================================================================
 # Decode, absorbed (MQA) form over the paged latent cache.
@@ -137,49 +128,170 @@ DECODE_DR_PAD = 64
 DECODE_MIN_BLOCK_M = 16
 DECODE_MAX_BLOCK_M = 64
 DECODE_PARTS_PER_SM = 2
-DECODE_COMBINE_BLOCK_ROWS = 16
+#: combine tiles (rows, columns) -> runs merged per step; the largest tile giving every SM a program is used
+DECODE_COMBINE_TILES = {(1, 64): 64, (2, 64): 32, (4, 128): 8, (8, 128): 4, (16, 128): 2}
+#: (block_m, block_n) -> fewest cache blocks per split-KV run (its fixed cost must pay off)
+DECODE_MIN_BLOCKS_PER_PART = {(16, 16): 5,
+ (16, 32): 3,
+ (16, 64): 2,
+ (16, 128): 1,
+ (32, 16): 10,
+ (32, 32): 5,
+ (32, 64): 3,
+ (32, 128): 2,
+ (64, 16): 19,
+ (64, 32): 10,
+ (64, 64): 5,
+ (64, 128): 3}
+#: fetch whole-page cache blocks with TMA tensor descriptors (MLAGEN_DECODE_TMA=0 turns it off)
+DECODE_USE_TMA = os.environ.get("MLAGEN_DECODE_TMA", "1") != "0"
+DECODE_Q_TMA_MIN_BLOCK_M = 64
 #: autotune space: block_m -> [(block_n, num_warps, num_stages), ...]
-DECODE_SPACE = {16: [(32, 4, 1),
+DECODE_SPACE = {16: [(16, 4, 1),
+      (16, 4, 2),
+      (16, 4, 3),
+      (16, 8, 1),
+      (16, 8, 2),
+      (16, 8, 3),
+      (32, 4, 1),
       (32, 4, 2),
       (32, 4, 3),
-      (32, 4, 4),
       (32, 8, 1),
       (32, 8, 2),
       (32, 8, 3),
-      (32, 8, 4),
       (64, 4, 1),
       (64, 4, 2),
       (64, 8, 1),
       (64, 8, 2),
       (128, 4, 1),
       (128, 8, 1)],
- 32: [(32, 4, 1),
+ 32: [(16, 4, 1),
+      (16, 4, 2),
+      (16, 4, 3),
+      (16, 8, 1),
+      (16, 8, 2),
+      (16, 8, 3),
+      (16, 16, 1),
+      (16, 16, 2),
+      (16, 16, 3),
+      (32, 4, 1),
       (32, 4, 2),
       (32, 4, 3),
-      (32, 4, 4),
       (32, 8, 1),
       (32, 8, 2),
       (32, 8, 3),
-      (32, 8, 4),
+      (32, 16, 1),
+      (32, 16, 2),
+      (32, 16, 3),
       (64, 4, 1),
       (64, 4, 2),
       (64, 8, 1),
       (64, 8, 2),
+      (64, 16, 1),
+      (64, 16, 2),
       (128, 4, 1),
-      (128, 8, 1)],
- 64: [(32, 8, 1), (32, 8, 2), (32, 8, 3), (32, 8, 4), (64, 8, 1), (64, 8, 2), (128, 8, 1)]}
+      (128, 8, 1),
+      (128, 16, 1)],
+ 64: [(16, 8, 1),
+      (16, 8, 2),
+      (16, 8, 3),
+      (16, 16, 1),
+      (16, 16, 2),
+      (16, 16, 3),
+      (32, 8, 1),
+      (32, 8, 2),
+      (32, 8, 3),
+      (32, 16, 1),
+      (32, 16, 2),
+      (32, 16, 3),
+      (64, 8, 1),
+      (64, 8, 2),
+      (64, 16, 1),
+      (64, 16, 2),
+      (128, 8, 1),
+      (128, 16, 1)]}
 #: untuned defaults per block_m
-DECODE_DEFAULTS = {16: (64, 4, 2), 32: (64, 4, 2), 64: (64, 8, 2)}
+DECODE_DEFAULTS = {16: (32, 4, 3), 32: (64, 4, 2), 64: (64, 8, 2)}
 DECODE_INTERPRETER_CONFIG = (16, 4, 1)
 #: tuned configurations: (gpu name, bucket) -> (block_n, num_warps, num_stages)
 DECODE_TUNED = {}
 
 
 @triton.jit
+def _split_schedule(SEQLENS, batch, num_parts, min_blocks_per_part, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Cut the cache blocks of the whole batch into equal runs of `per_part` blocks.
+
+    Blocks are numbered batch-major (sequence b owns blocks [cum_end[b] - n_blocks[b], cum_end[b])); run p
+    is [p * per_part, (p + 1) * per_part). per_part is at least min_blocks_per_part so that short batches
+    are not cut into pieces whose fixed cost (query load, partial write, combine) outweighs their work;
+    programs whose run starts past the end have nothing to do. The split and combine kernels both call
+    this, so they agree on who wrote which piece without a planning kernel or host synchronization.
+    """
+    offs_b = tl.arange(0, BLOCK_B)
+    lens = tl.load(SEQLENS + offs_b, mask=offs_b < batch, other=0)
+    n_blocks = tl.cdiv(lens, BLOCK_N)
+    cum_end = tl.cumsum(n_blocks, 0)
+    total = tl.sum(n_blocks, 0)
+    per_part = tl.maximum(tl.cdiv(total, num_parts), tl.maximum(min_blocks_per_part, 1))
+    return offs_b, n_blocks, cum_end, total, per_part
+
+
+@triton.jit
+def _decode_attend_block(
+    q_c, q_r, m_i, l_i, acc, blk, seqlen, row_limit, qk_scale,
+    KV, KV_DESC_C, KV_DESC_R, BT_ROW, stride_kv_page, stride_kv_tok,
+    DC: tl.constexpr, DR: tl.constexpr, DC_PAD: tl.constexpr, DR_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One online-softmax step over cache block `blk` of one sequence.
+
+    Unmasked blocks (every token visible to every row) of a page-aligned cache are fetched with TMA
+    (one page holds the whole block, so it is one 2-D tile of the cache seen as [pages*page_size, D]);
+    masked blocks (the sequence's tail, and the Sq - 1 positions hidden from earlier query tokens) gather
+    rows through the page table with masks, so rows past the end never reach the dot.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    tok = blk * BLOCK_N + offs_n
+    if USE_TMA and not MASKED:
+        page = tl.load(BT_ROW + (blk * BLOCK_N) // PAGE_SIZE)
+        row0 = page * PAGE_SIZE + (blk * BLOCK_N) % PAGE_SIZE
+        k_c = KV_DESC_C.load([row0, 0])
+        k_r = KV_DESC_R.load([row0, 0])
+    else:
+        offs_c = tl.arange(0, DC_PAD)
+        offs_r = tl.arange(0, DR_PAD)
+        tok_ok = tok < seqlen
+        page = tl.load(BT_ROW + tok // PAGE_SIZE, mask=tok_ok, other=0)
+        kv_rows = KV + page.to(tl.int64) * stride_kv_page + (tok % PAGE_SIZE) * stride_kv_tok
+        c_mask = tok_ok[:, None] & (offs_c < DC)[None, :]
+        r_mask = tok_ok[:, None] & (offs_r < DR)[None, :]
+        k_c = tl.load(kv_rows[:, None] + offs_c[None, :], mask=c_mask, other=0.0)
+        k_r = tl.load(kv_rows[:, None] + DC + offs_r[None, :], mask=r_mask, other=0.0)
+
+    scores = _mma(q_c, tl.trans(k_c), UPCAST)
+    scores = _mma_acc(q_r, tl.trans(k_r), scores, UPCAST)
+    scores = scores * qk_scale
+    if MASKED:
+        visible = (tok[None, :] <= row_limit[:, None]) & (tok < seqlen)[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        # rows that have seen nothing yet keep a finite reference so exp2 never sees inf - inf
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        m_ref = m_new
+    p = tl.math.exp2(scores - m_ref[:, None])
+    alpha = tl.math.exp2(m_i - m_ref)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = _mma_acc(p.to(k_c.dtype), k_c, acc * alpha[:, None], UPCAST)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _mla_decode_split_kernel(
-    Q, KV, BLOCK_TABLE, SEQLENS, OUT, LSE, O_PART, LSE_PART,
+    Q, Q_DESC_C, Q_DESC_R, KV, KV_DESC_C, KV_DESC_R, BLOCK_TABLE, SEQLENS, OUT, LSE, O_PART, LSE_PART,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
-    batch, num_parts,
+    batch, num_parts, min_blocks_per_part,
     stride_q_b, stride_q_s, stride_q_h,
     stride_kv_page, stride_kv_tok,
     stride_bt_b,
@@ -188,12 +300,16 @@ def _mla_decode_split_kernel(
     stride_op_slot, stride_op_row,
     SQ: tl.constexpr, H: tl.constexpr, DC: tl.constexpr, DR: tl.constexpr,
     DC_PAD: tl.constexpr, DR_PAD: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    USE_TMA: tl.constexpr, Q_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    part = tl.program_id(0)
-    row_block = tl.program_id(1)
+    # row blocks of one run are neighbours in launch order, so they run together and share its cache
+    # blocks through L2 instead of each reading them from memory
+    row_block = tl.program_id(0)
+    part = tl.program_id(1)
 
-    offs_b, n_blocks, cum_end, total, per_part = _split_schedule(SEQLENS, batch, num_parts, BLOCK_N, BLOCK_B)
+    offs_b, n_blocks, cum_end, total, per_part = _split_schedule(
+        SEQLENS, batch, num_parts, min_blocks_per_part, BLOCK_N, BLOCK_B)
     run_lo = part * per_part
     run_hi = tl.minimum(run_lo + per_part, total)
     # sequences whose blocks meet [run_lo, run_hi): a contiguous range of b
@@ -207,52 +323,50 @@ def _mla_decode_split_kernel(
     row_head = rows % H
     offs_c = tl.arange(0, DC_PAD)
     offs_r = tl.arange(0, DR_PAD)
-    offs_n = tl.arange(0, BLOCK_N)
     c_ok = offs_c < DC
     r_ok = offs_r < DR
 
     for b in range(b_first, b_last):
         seqlen = tl.load(SEQLENS + b)
         seq_blocks = tl.cdiv(seqlen, BLOCK_N)
-        lo = tl.maximum(run_lo, seq_start)
-        hi = tl.minimum(run_hi, seq_start + seq_blocks)
+        lo = tl.maximum(run_lo, seq_start) - seq_start
+        hi = tl.minimum(run_hi, seq_start + seq_blocks) - seq_start
         if lo < hi:
-            q_rows = Q + b * stride_q_b + row_tok * stride_q_s + row_head * stride_q_h
-            q_c = tl.load(q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-            q_r = tl.load(q_rows[:, None] + DC + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :], other=0.0)
+            if Q_TMA:
+                # q as a [B * Sq * H, D] matrix: the tile lands in shared memory, where the tensor cores read
+                # it (rows past this sequence's Sq * H belong to the next one and are never stored)
+                q_row0 = b * (SQ * H) + row_block * BLOCK_M
+                q_c = Q_DESC_C.load([q_row0, 0])
+                q_r = Q_DESC_R.load([q_row0, 0])
+            else:
+                q_rows = Q + b * stride_q_b + row_tok * stride_q_s + row_head * stride_q_h
+                q_c = tl.load(q_rows[:, None] + offs_c[None, :], mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+                q_r = tl.load(q_rows[:, None] + DC + offs_r[None, :], mask=row_ok[:, None] & r_ok[None, :],
+                              other=0.0)
             # last visible cache position of each row (causal among the Sq new tokens)
             row_limit = seqlen - SQ + row_tok
+            # blocks before n_full are visible to every row: no masks there
+            n_full = tl.maximum(seqlen - SQ + 1, 0) // BLOCK_N
+            bt_row = BLOCK_TABLE + b * stride_bt_b
 
             m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
             l_i = tl.zeros([BLOCK_M], tl.float32)
             acc = tl.zeros([BLOCK_M, DC_PAD], tl.float32)
-            for blk in range(lo - seq_start, hi - seq_start):
-                tok = blk * BLOCK_N + offs_n
-                tok_ok = tok < seqlen
-                page = tl.load(BLOCK_TABLE + b * stride_bt_b + tok // PAGE_SIZE, mask=tok_ok, other=0)
-                kv_rows = KV + page.to(tl.int64) * stride_kv_page + (tok % PAGE_SIZE) * stride_kv_tok
-                k_c = tl.load(kv_rows[:, None] + offs_c[None, :], mask=tok_ok[:, None] & c_ok[None, :], other=0.0)
-                k_r = tl.load(kv_rows[:, None] + DC + offs_r[None, :], mask=tok_ok[:, None] & r_ok[None, :], other=0.0)
-
-                scores = _mma(q_c, tl.trans(k_c), UPCAST)
-                scores += _mma(q_r, tl.trans(k_r), UPCAST)
-                scores = scores * qk_scale
-                visible = (tok[None, :] <= row_limit[:, None]) & tok_ok[None, :]
-                scores = tl.where(visible, scores, float("-inf"))
-
-                m_new = tl.maximum(m_i, tl.max(scores, 1))
-                # rows that have seen nothing yet keep a finite reference so exp2 never sees inf - inf
-                m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-                p = tl.math.exp2(scores - m_ref[:, None])
-                alpha = tl.math.exp2(m_i - m_ref)
-                l_i = l_i * alpha + tl.sum(p, 1)
-                acc = acc * alpha[:, None] + _mma(p.to(k_c.dtype), k_c, UPCAST)
-                m_i = m_new
+            for blk in range(lo, tl.minimum(hi, n_full)):
+                m_i, l_i, acc = _decode_attend_block(
+                    q_c, q_r, m_i, l_i, acc, blk, seqlen, row_limit, qk_scale,
+                    KV, KV_DESC_C, KV_DESC_R, bt_row, stride_kv_page, stride_kv_tok,
+                    DC, DR, DC_PAD, DR_PAD, PAGE_SIZE, BLOCK_N, False, USE_TMA, UPCAST)
+            for blk in range(tl.maximum(lo, n_full), hi):
+                m_i, l_i, acc = _decode_attend_block(
+                    q_c, q_r, m_i, l_i, acc, blk, seqlen, row_limit, qk_scale,
+                    KV, KV_DESC_C, KV_DESC_R, bt_row, stride_kv_page, stride_kv_tok,
+                    DC, DR, DC_PAD, DR_PAD, PAGE_SIZE, BLOCK_N, True, USE_TMA, UPCAST)
 
             seen = l_i > 0.0
             out = acc / tl.where(seen, l_i, 1.0)[:, None]
             lse = tl.where(seen, (m_i + tl.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-            if (lo == seq_start) & (hi == seq_start + seq_blocks):
+            if (lo == 0) & (hi == seq_blocks):
                 # the whole sequence is in this run: no combine needed, write the final result
                 o_ptrs = OUT + b * stride_o_b + row_tok * stride_o_s + row_head * stride_o_h
                 tl.store(o_ptrs[:, None] + offs_c[None, :], out.to(OUT.dtype.element_ty),
@@ -269,17 +383,23 @@ def _mla_decode_split_kernel(
 @triton.jit
 def _mla_decode_combine_kernel(
     SEQLENS, OUT, LSE, O_PART, LSE_PART,
-    batch, num_parts,
+    batch, num_parts, min_blocks_per_part,
     stride_o_b, stride_o_s, stride_o_h,
     stride_lse_b, stride_lse_h,
     stride_op_slot, stride_op_row,
-    SQ: tl.constexpr, H: tl.constexpr, DC: tl.constexpr, DC_PAD: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+    SQ: tl.constexpr, H: tl.constexpr, DC: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_RUNS: tl.constexpr,
 ):
-    """Merge the runs of sequences split over several programs: out = sum_i w_i o_i, w_i ~ exp(lse_i)."""
+    """Merge the runs of sequences split over several programs: out = sum_i w_i o_i, w_i ~ exp(lse_i).
+
+    Program (b, row block, column block); BLOCK_RUNS runs are loaded at once so many loads are in flight.
+    """
     b = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    offs_b, n_blocks, cum_end, total, per_part = _split_schedule(SEQLENS, batch, num_parts, BLOCK_N, BLOCK_B)
+    cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
+    offs_b, n_blocks, cum_end, total, per_part = _split_schedule(
+        SEQLENS, batch, num_parts, min_blocks_per_part, BLOCK_N, BLOCK_B)
     seq_blocks = tl.cdiv(tl.load(SEQLENS + b), BLOCK_N)
     seq_start = tl.sum(tl.where(offs_b < b, n_blocks, 0), 0)
     first_part = seq_start // per_part
@@ -288,35 +408,52 @@ def _mla_decode_combine_kernel(
     row_ok = rows < SQ * H
     row_tok = rows // H
     row_head = rows % H
-    offs_c = tl.arange(0, DC_PAD)
-    mask = row_ok[:, None] & (offs_c < DC)[None, :]
+    mask = row_ok[:, None] & (cols < DC)[None, :]
     o_ptrs = OUT + b * stride_o_b + row_tok * stride_o_s + row_head * stride_o_h
     lse_ptrs = LSE + b * stride_lse_b + row_head * stride_lse_h + row_tok
+    write_lse = tl.program_id(2) == 0
     if n_runs == 0:
         # empty sequence: nothing to attend to
-        tl.store(o_ptrs[:, None] + offs_c[None, :], tl.zeros([BLOCK_ROWS, DC_PAD], OUT.dtype.element_ty), mask=mask)
-        tl.store(lse_ptrs, tl.full([BLOCK_ROWS], float("-inf"), tl.float32), mask=row_ok)
+        tl.store(o_ptrs[:, None] + cols[None, :], tl.zeros([BLOCK_ROWS, BLOCK_C], OUT.dtype.element_ty), mask=mask)
+        tl.store(lse_ptrs, tl.full([BLOCK_ROWS], float("-inf"), tl.float32), mask=row_ok & write_lse)
     elif n_runs > 1:
+        offs_runs = tl.arange(0, BLOCK_RUNS)
+        # pass 1: the largest lse of each row
         m = tl.full([BLOCK_ROWS], float("-inf"), tl.float32)
+        for i0 in range(0, n_runs, BLOCK_RUNS):
+            run_ok = (i0 + offs_runs) < n_runs
+            slots = b + first_part + i0 + offs_runs
+            lse_i = tl.load(LSE_PART + slots[:, None] * (SQ * H) + rows[None, :],
+                            mask=run_ok[:, None] & row_ok[None, :], other=float("-inf"))
+            m = tl.maximum(m, tl.max(lse_i, 0))
+        m_ref = tl.where(m == float("-inf"), 0.0, m)
+        # pass 2: weighted sum, BLOCK_RUNS partial tiles per step
+        acc = tl.zeros([BLOCK_ROWS, BLOCK_C], tl.float32)
         weight = tl.zeros([BLOCK_ROWS], tl.float32)
-        acc = tl.zeros([BLOCK_ROWS, DC_PAD], tl.float32)
-        for i in range(0, n_runs):
-            slot = b + first_part + i
-            lse_i = tl.load(LSE_PART + slot * (SQ * H) + rows, mask=row_ok, other=float("-inf"))
-            o_i = tl.load(O_PART + slot * stride_op_slot + rows[:, None] * stride_op_row + offs_c[None, :],
-                          mask=mask, other=0.0)
-            m_new = tl.maximum(m, lse_i)
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            scale_old = tl.exp(m - m_ref)
-            w_i = tl.exp(lse_i - m_ref)
-            acc = acc * scale_old[:, None] + o_i * w_i[:, None]
-            weight = weight * scale_old + w_i
-            m = m_new
+        for i0 in range(0, n_runs, BLOCK_RUNS):
+            run_ok = (i0 + offs_runs) < n_runs
+            slots = b + first_part + i0 + offs_runs
+            lse_i = tl.load(LSE_PART + slots[:, None] * (SQ * H) + rows[None, :],
+                            mask=run_ok[:, None] & row_ok[None, :], other=float("-inf"))
+            w_i = tl.exp(lse_i - m_ref[None, :])  # [BLOCK_RUNS, BLOCK_ROWS]
+            o_i = tl.load(O_PART + slots[:, None, None] * stride_op_slot + rows[None, :, None] * stride_op_row
+                          + cols[None, None, :], mask=run_ok[:, None, None] & mask[None, :, :], other=0.0)
+            acc += tl.sum(o_i * w_i[:, :, None], 0)
+            weight += tl.sum(w_i, 0)
         seen = weight > 0.0
         out = acc / tl.where(seen, weight, 1.0)[:, None]
         lse = tl.where(seen, m + tl.log(tl.where(seen, weight, 1.0)), float("-inf"))
-        tl.store(o_ptrs[:, None] + offs_c[None, :], out.to(OUT.dtype.element_ty), mask=mask)
-        tl.store(lse_ptrs, lse, mask=row_ok)
+        tl.store(o_ptrs[:, None] + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+        tl.store(lse_ptrs, lse, mask=row_ok & write_lse)
+
+
+def _latent_descriptors(rows, block_rows):
+    """TMA descriptors of the [c ; pe] column ranges of a [N, Dc + Dr] matrix (padded columns read as 0)."""
+    width = KV_LORA_RANK + QK_ROPE_HEAD_DIM
+    latent = TensorDescriptor(rows, [rows.shape[0], KV_LORA_RANK], [width, 1], [block_rows, DECODE_DC_PAD])
+    rope = TensorDescriptor(rows[:, KV_LORA_RANK:], [rows.shape[0], QK_ROPE_HEAD_DIM], [width, 1],
+                            [block_rows, DECODE_DR_PAD])
+    return latent, rope
 
 
 class DecodeSchedule:
@@ -327,20 +464,28 @@ class DecodeSchedule:
     receives it can be captured in a CUDA graph.
     """
 
-    __slots__ = ("batch_size", "seqlen_q", "block_m", "row_blocks", "num_parts", "block_b", "config")
+    __slots__ = ("batch_size", "seqlen_q", "block_m", "row_blocks", "num_parts", "min_blocks_per_part",
+                 "block_b", "config", "combine_tile", "combine_runs")
 
-    def __init__(self, batch_size, seqlen_q, block_m, num_parts, config):
+    def __init__(self, batch_size, seqlen_q, block_m, num_parts, min_blocks_per_part, config, sm_count):
         self.batch_size = batch_size
         self.seqlen_q = seqlen_q
         self.block_m = block_m
         self.row_blocks = triton.cdiv(seqlen_q * NUM_HEADS, block_m)
         self.num_parts = num_parts
+        self.min_blocks_per_part = min_blocks_per_part
         self.block_b = max(16, _next_pow2(batch_size))
         self.config = config
+        rows = seqlen_q * NUM_HEADS
+        for (tile_rows, tile_cols), runs in sorted(DECODE_COMBINE_TILES.items(), reverse=True):
+            self.combine_tile, self.combine_runs = (tile_rows, tile_cols), runs
+            if batch_size * triton.cdiv(rows, tile_rows) * triton.cdiv(KV_LORA_RANK, tile_cols) >= sm_count:
+                break
 
     def __repr__(self):
         return (f"DecodeSchedule(batch_size={self.batch_size}, seqlen_q={self.seqlen_q}, block_m={self.block_m}, "
-                f"num_parts={self.num_parts}, config={self.config})")
+                f"num_parts={self.num_parts}, min_blocks_per_part={self.min_blocks_per_part}, "
+                f"config={self.config}, combine_tile={self.combine_tile})")
 
 
 def decode_bucket(block_m):
@@ -348,18 +493,23 @@ def decode_bucket(block_m):
     return f"m{block_m}"
 
 
-def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, config=None):
+def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, config=None,
+                        min_blocks_per_part=None, block_m=None):
     """Plan a decode launch: rows per program, split-KV runs and tile configuration.
 
-    num_parts: how many runs the batch's cache blocks are cut into (default: from the SM count).
+    num_parts: how many runs the batch's cache blocks are cut into at most (default: from the SM count).
     config: (block_n, num_warps, num_stages) to force a tile configuration.
+    min_blocks_per_part: fewest cache blocks per run (default: DECODE_MIN_BLOCKS_PER_PART).
+    block_m: query rows per program, one of DECODE_SPACE's keys (default: H * Sq, clamped).
     """
     _check(isinstance(batch_size, int) and batch_size >= 1, "batch_size", f"must be an int >= 1, got {batch_size!r}")
     _check(isinstance(seqlen_q, int) and seqlen_q >= 1, "seqlen_q", f"must be an int >= 1, got {seqlen_q!r}")
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     rows = seqlen_q * NUM_HEADS
-    block_m = min(DECODE_MAX_BLOCK_M, max(DECODE_MIN_BLOCK_M, _next_pow2(rows)))
+    if block_m is None:
+        block_m = min(DECODE_MAX_BLOCK_M, max(DECODE_MIN_BLOCK_M, _next_pow2(rows)))
+    _check(block_m in DECODE_SPACE, "block_m", f"must be one of {sorted(DECODE_SPACE)}, got {block_m!r}")
     row_blocks = triton.cdiv(rows, block_m)
     if num_parts is None:
         num_parts = max(1, _sm_count(device) * DECODE_PARTS_PER_SM // row_blocks)
@@ -370,7 +520,10 @@ def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, 
         else:
             config = DECODE_TUNED.get((_gpu_name(device), decode_bucket(block_m)), DECODE_DEFAULTS[block_m])
     _check(len(config) == 3, "config", f"expected (block_n, num_warps, num_stages), got {config!r}")
-    return DecodeSchedule(batch_size, seqlen_q, block_m, num_parts, tuple(config))
+    if min_blocks_per_part is None:
+        min_blocks_per_part = DECODE_MIN_BLOCKS_PER_PART.get((block_m, config[0]), 1)
+    return DecodeSchedule(batch_size, seqlen_q, block_m, num_parts, min_blocks_per_part, tuple(config),
+                          _sm_count(device))
 
 
 def mla_decode(q, kv_cache, block_table, cache_seqlens, *, softmax_scale=None, return_lse=False, schedule=None,
@@ -418,9 +571,19 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, *, softmax_scale=None, r
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
     block_n, num_warps, num_stages = schedule.config
-    _mla_decode_split_kernel[(schedule.num_parts, schedule.row_blocks)](
-        q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part,
-        scale * _LOG2E, batch, schedule.num_parts,
+    # TMA needs every block inside one page and the cache viewable as one 2-D [pages * page_size, D] tensor
+    use_tma = (DECODE_USE_TMA and PAGE_SIZE >= block_n and kv_cache.stride(1) == width
+               and kv_cache.stride(0) == PAGE_SIZE * width)
+    # q through TMA only where the tensor cores read it from shared memory (warpgroup MMA, 64+ rows)
+    q_tma = use_tma and schedule.block_m >= DECODE_Q_TMA_MIN_BLOCK_M and q.is_contiguous()
+    q_desc_c = q_desc_r = kv_desc_c = kv_desc_r = None
+    if use_tma:
+        kv_desc_c, kv_desc_r = _latent_descriptors(kv_cache.view(-1, width), block_n)
+    if q_tma:
+        q_desc_c, q_desc_r = _latent_descriptors(q.view(-1, width), schedule.block_m)
+    _mla_decode_split_kernel[(schedule.row_blocks, schedule.num_parts)](
+        q, q_desc_c, q_desc_r, kv_cache, kv_desc_c, kv_desc_r, block_table, cache_seqlens, out, lse, o_part, lse_part,
+        scale * _LOG2E, batch, schedule.num_parts, schedule.min_blocks_per_part,
         q.stride(0), q.stride(1), q.stride(2),
         kv_cache.stride(0), kv_cache.stride(1),
         block_table.stride(0),
@@ -429,17 +592,19 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, *, softmax_scale=None, r
         o_part.stride(0), o_part.stride(1),
         SQ=seqlen_q, H=NUM_HEADS, DC=KV_LORA_RANK, DR=QK_ROPE_HEAD_DIM,
         DC_PAD=DECODE_DC_PAD, DR_PAD=DECODE_DR_PAD, PAGE_SIZE=PAGE_SIZE,
-        BLOCK_M=schedule.block_m, BLOCK_N=block_n, BLOCK_B=schedule.block_b, UPCAST=_INTERPRET,
+        BLOCK_M=schedule.block_m, BLOCK_N=block_n, BLOCK_B=schedule.block_b, USE_TMA=use_tma, Q_TMA=q_tma, UPCAST=_INTERPRET,
         num_warps=num_warps, num_stages=num_stages,
     )
-    _mla_decode_combine_kernel[(batch, triton.cdiv(rows, DECODE_COMBINE_BLOCK_ROWS))](
+    tile_rows, tile_cols = schedule.combine_tile
+    combine_grid = (batch, triton.cdiv(rows, tile_rows), triton.cdiv(KV_LORA_RANK, tile_cols))
+    _mla_decode_combine_kernel[combine_grid](
         cache_seqlens, out, lse, o_part, lse_part,
-        batch, schedule.num_parts,
+        batch, schedule.num_parts, schedule.min_blocks_per_part,
         out.stride(0), out.stride(1), out.stride(2),
         lse.stride(0), lse.stride(1),
         o_part.stride(0), o_part.stride(1),
-        SQ=seqlen_q, H=NUM_HEADS, DC=KV_LORA_RANK, DC_PAD=DECODE_DC_PAD,
-        BLOCK_N=block_n, BLOCK_B=schedule.block_b, BLOCK_ROWS=DECODE_COMBINE_BLOCK_ROWS,
-        num_warps=4,
+        SQ=seqlen_q, H=NUM_HEADS, DC=KV_LORA_RANK, BLOCK_N=block_n, BLOCK_B=schedule.block_b,
+        BLOCK_ROWS=tile_rows, BLOCK_C=tile_cols, BLOCK_RUNS=schedule.combine_runs,
+        num_warps=4, num_stages=2,
     )
     return (out, lse) if return_lse else out

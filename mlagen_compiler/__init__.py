@@ -1,9 +1,12 @@
 """mlagen: a kernel-generation compiler for Multi-head Latent Attention.
 
 Pipeline (one module per stage): spec -> plan (lower) -> render -> compile (write / import).
+`load(spec_or_path_or_name)` returns a spec's generated module from the content-addressed cache (cache.py),
+with the tuned configurations of the tuning databases (tuning.py) rendered in.
 """
 
 from ._version import __version__
+from .cache import load
 from .compile import compile_spec, import_module_from_path
 from .plan import KernelPlan, lower
 from .render import render_module
@@ -16,6 +19,7 @@ __all__ = [
     "__version__",
     "compile_spec",
     "import_module_from_path",
+    "load",
     "load_spec",
     "lower",
     "render_module",

@@ -15,7 +15,7 @@ import typer
 from ._version import __version__
 from .compile import compile_spec, import_module_from_path
 from .plan import lower
-from .registry import registered_specs, resolve_spec
+from .registry import registered_specs, resolve_spec, spec_dirs
 from .spec import MLASpec, SpecError, json_schema
 
 app = typer.Typer(
@@ -49,12 +49,20 @@ def one_line_errors(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _specs(args: list[str], all_bundled: bool) -> list[MLASpec]:
+def _spec_dirs(dirs: list[Path] | None) -> list[Path]:
+    for directory in dirs or []:
+        if not directory.is_dir():
+            raise UsageError(f"--spec-dir {directory}: not a directory")
+    return list(dirs or [])
+
+
+def _specs(args: list[str], all_bundled: bool, dirs: list[Path] | None = None) -> list[MLASpec]:
+    extra = _spec_dirs(dirs)
     if all_bundled:
-        args = [*args, *registered_specs()]
+        args = [*args, *registered_specs(extra)]
     if not args:
         raise UsageError("no spec given: name YAML files or registered specs, or pass --all")
-    specs = [resolve_spec(a) for a in args]
+    specs = [resolve_spec(a, extra) for a in args]
     seen: dict[str, MLASpec] = {}
     for spec in specs:
         seen.setdefault(spec.name, spec)
@@ -63,6 +71,27 @@ def _specs(args: list[str], all_bundled: bool) -> list[MLASpec]:
 
 SpecArgs = Annotated[list[str] | None, typer.Argument(help="YAML spec files or registered spec names")]
 AllOption = Annotated[bool, typer.Option("--all", help="every registered spec")]
+SpecDirOption = Annotated[
+    list[Path] | None,
+    typer.Option("--spec-dir", help="directory of user specs to register (repeatable; also MLAGEN_SPEC_PATH)"),
+]
+TuningOption = Annotated[
+    str,
+    typer.Option(
+        "--tuning",
+        help="tuned configurations to render in: 'all' (shipped + user database), 'shipped' or 'none'",
+    ),
+]
+
+
+def _tuned(spec: MLASpec, which: str) -> dict[str, Any] | None:
+    from .tuning import default_db_paths, tuned_for_spec
+
+    if which not in ("all", "shipped", "none"):
+        raise UsageError(f"--tuning {which!r}: choose all, shipped or none")
+    if which == "none":
+        return None
+    return tuned_for_spec(spec, default_db_paths(include_user=which == "all"))
 
 
 @app.command("compile")
@@ -71,22 +100,25 @@ def compile_command(
     specs: SpecArgs = None,
     out_dir: Annotated[Path, typer.Option("-o", "--out-dir", help="where to write modules")] = Path("generated"),
     all_bundled: AllOption = False,
+    spec_dir: SpecDirOption = None,
+    tuning: TuningOption = "all",
 ) -> None:
-    """Validate, lower and render each spec into OUT_DIR/<name>.py."""
-    for spec in _specs(specs or [], all_bundled):
-        path = compile_spec(spec, out_dir)
+    """Validate, lower and render each spec into OUT_DIR/<name>.py (with its tuned configurations)."""
+    for spec in _specs(specs or [], all_bundled, spec_dir):
+        path = compile_spec(spec, out_dir, _tuned(spec, tuning))
         typer.echo(f"{spec.name}: wrote {path} (kernels: {', '.join(spec.kernels)})")
 
 
 @app.command("list")
 @one_line_errors
-def list_command() -> None:
-    """Registered specs and the kernels each emits."""
+def list_command(spec_dir: SpecDirOption = None) -> None:
+    """Registered specs and the kernels each emits (name/kernel), then the spec directories searched."""
+    extra = _spec_dirs(spec_dir)
     header = f"{'name':<22} {'H':>4} {'Dc':>5} {'Dr':>4} {'Dn':>4} {'Dv':>4} {'Lq':>5} {'page':>5} {'dtype':<9} kernels"
     typer.echo(header)
-    for name, path in registered_specs().items():
+    for name in registered_specs(extra):
         try:
-            s = resolve_spec(path)
+            s = resolve_spec(name, extra)
         except SpecError as error:
             typer.echo(f"{name:<22} INVALID: {str(error).splitlines()[0]}")
             continue
@@ -96,13 +128,19 @@ def list_command() -> None:
             f"{s.name:<22} {s.num_heads:>4} {s.kv_lora_rank:>5} {s.qk_rope_head_dim:>4} {s.qk_nope_head_dim:>4} "
             f"{s.v_head_dim:>4} {lq:>5} {s.page_size:>5} {s.dtype:<9} {kernels}"
         )
+    typer.echo("spec directories (later ones shadow earlier ones):")
+    for directory in spec_dirs(extra):
+        typer.echo(f"  {directory}{'' if directory.is_dir() else '  (missing)'}")
 
 
 @app.command("show")
 @one_line_errors
-def show_command(spec: Annotated[str, typer.Argument(help="YAML spec file or registered name")]) -> None:
+def show_command(
+    spec: Annotated[str, typer.Argument(help="YAML spec file or registered name")],
+    spec_dir: SpecDirOption = None,
+) -> None:
     """Print the derived plan (every constant the kernels are rendered with) as JSON."""
-    typer.echo(json.dumps(lower(resolve_spec(spec)).summary(), indent=2, default=str))
+    typer.echo(json.dumps(lower(resolve_spec(spec, _spec_dirs(spec_dir))).summary(), indent=2, default=str))
 
 
 @app.command("schema")
@@ -118,6 +156,7 @@ def verify_command(
     specs: SpecArgs = None,
     all_bundled: AllOption = False,
     seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    spec_dir: SpecDirOption = None,
 ) -> None:
     """Run each spec's generated kernels against the PyTorch reference on random inputs.
 
@@ -125,7 +164,7 @@ def verify_command(
     """
     from .verify import use_interpreter_if_no_gpu, verify_module
 
-    chosen = _specs(specs or [], all_bundled)
+    chosen = _specs(specs or [], all_bundled, spec_dir)
     on_gpu = use_interpreter_if_no_gpu()
     where = "GPU" if on_gpu else "Triton interpreter (CPU)"
     if on_gpu:
@@ -136,7 +175,7 @@ def verify_command(
     results = []
     with tempfile.TemporaryDirectory(prefix="mlagen-verify-") as tmp:
         for spec in chosen:
-            module = import_module_from_path(compile_spec(spec, tmp))
+            module = import_module_from_path(compile_spec(spec, tmp, _tuned(spec, "all")))  # what users get
 
             def progress(message: str) -> None:
                 typer.echo(f"  ... {message}", err=True)
@@ -158,6 +197,11 @@ def verify_command(
     typer.echo(f"{len(results) - failed} passed, {failed} failed")
     if failed:
         raise typer.Exit(1)
+
+
+from .cli_tools import register as _register_tools  # noqa: E402  (tune, env, cache: see cli_tools.py)
+
+_register_tools(app, one_line_errors, UsageError, _specs)
 
 
 @app.callback(invoke_without_command=True)

@@ -10,15 +10,30 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .spec import DecodeTiles, MLASpec
+from .spec import DecodeTiles, MLASpec, PrefillTiles
 
-__all__ = ["DecodePlan", "KernelPlan", "TileConfig", "lower", "next_pow2", "softmax_scale_of"]
+__all__ = [
+    "DecodePlan",
+    "KernelPlan",
+    "PrefillConfig",
+    "PrefillPlan",
+    "TileConfig",
+    "lower",
+    "next_pow2",
+    "softmax_scale_of",
+]
 
 #: dot operands need at least 16 rows; 64 rows fill one Hopper warpgroup MMA.
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 64
-#: rows merged per program by the split-KV combine kernel
-COMBINE_BLOCK_ROWS = 16
+#: combine-kernel tiles (rows, latent columns), largest first; the launcher takes the first that still
+#: gives every SM a program, so small batches get small tiles and many programs
+COMBINE_TILES = ((16, 128), (8, 128), (4, 128), (2, 64), (1, 64))
+#: fp32 elements of partial output the combine kernel loads per step: small tiles (small batches, many
+#: runs per sequence) then load many runs at once, so the loads are in flight together
+COMBINE_STEP_ELEMENTS = 4096
+#: a run must do at least this many times its fixed cost in cache reads (see DecodePlan.min_blocks_per_part)
+SPLIT_OVERHEAD_FACTOR = 1.0
 
 
 def next_pow2(value: int) -> int:
@@ -57,6 +72,11 @@ class DecodePlan:
     serves up to ``max_block_m`` rows and its dots are tensor-core sized. Split-KV: the cache blocks of
     the whole batch are cut into ``num_parts`` equal runs (one program per run and row block), computed on
     the device from ``cache_seqlens``; ``num_parts = max(1, sm_count * parts_per_sm // row_blocks)``.
+
+    A run has a fixed cost: loading block_m query rows of Dc+Dr and writing block_m fp32 partial rows of
+    Dc that the combine kernel reads back. ``min_blocks_per_part[(block_m, block_n)]`` keeps every run at
+    least ``split_overhead_factor`` times that cost in cache reads, so a single long sequence is not cut
+    into slivers that cost more to merge than to read.
     """
 
     dc: int
@@ -66,7 +86,14 @@ class DecodePlan:
     min_block_m: int
     max_block_m: int
     parts_per_sm: int
-    combine_block_rows: int
+    split_overhead_factor: float
+    min_blocks_per_part: tuple[tuple[tuple[int, int], int], ...]
+    combine_tiles: tuple[tuple[int, int], ...]
+    #: row blocks at least this tall load q with TMA into shared memory, where warpgroup MMAs read it
+    #: (measured on the H100: 64-row blocks gain, 16-row mma.sync blocks lose badly)
+    q_tma_min_block_m: int
+    #: combine tile -> runs loaded per step
+    combine_block_runs: tuple[tuple[tuple[int, int], int], ...]
     #: autotune space per block_m (as a sorted list of pairs so the plan stays hashable/printable)
     space: tuple[tuple[int, tuple[TileConfig, ...]], ...]
     #: configuration used when no tuned one is recorded for the GPU and bucket
@@ -76,6 +103,51 @@ class DecodePlan:
 
     def block_ms(self) -> tuple[int, ...]:
         return tuple(m for m, _ in self.space)
+
+
+@dataclass(frozen=True, order=True)
+class PrefillConfig:
+    """One point of the prefill autotune space: a BLOCK_M x BLOCK_N tile of (query, key) tokens."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def key(self) -> str:
+        return f"m{self.block_m}-n{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.block_m, self.block_n, self.num_warps, self.num_stages)
+
+
+@dataclass(frozen=True)
+class PrefillPlan:
+    """Prefill in the decompressed (MHA) form, chunked prefill over the latent cache, cache write.
+
+    The qk head dim Dn + Dr (192 for DeepSeek) is not a power of two, so the score dot is split into a
+    nope part (Dn padded to ``dn_pad``) and a rope part (Dr padded to ``dr_pad``): two power-of-two dots
+    instead of one padded to 256. V keeps its own width ``dv_pad`` (never padded to the qk width).
+    One program serves ``block_m`` query tokens of one head and walks ``block_n`` keys at a time.
+    """
+
+    dn: int
+    dr: int
+    dv: int
+    dc: int
+    dn_pad: int
+    dr_pad: int
+    dv_pad: int
+    dc_pad: int
+    #: autotune space (sorted)
+    space: tuple[PrefillConfig, ...]
+    #: configuration used when no tuned one is recorded for the GPU
+    default: PrefillConfig
+    #: configuration used under TRITON_INTERPRET (small tiles keep numpy fast)
+    interpreter: PrefillConfig
+    #: tokens per program of the LSE merge kernel and of the cache-write kernel
+    merge_block_t: int
+    cache_write_block_t: int
 
 
 @dataclass(frozen=True)
@@ -88,16 +160,23 @@ class KernelPlan:
     page_size: int
     softmax_scale: float
     decode: DecodePlan | None
+    prefill: PrefillPlan | None = None
 
     def summary(self) -> dict[str, Any]:
         """The plan as plain data (what `mlagen show` prints)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("spec", "decode")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("spec", "decode", "prefill")}
         if self.decode is not None:
             dec = asdict(self.decode)
             dec["space"] = {m: [c.key() for c in cfgs] for m, cfgs in self.decode.space}
             dec["defaults"] = {m: c.key() for m, c in self.decode.defaults}
             dec["interpreter"] = self.decode.interpreter.key()
             out["decode"] = dec
+        if self.prefill is not None:
+            pre = asdict(self.prefill)
+            pre["space"] = [c.key() for c in self.prefill.space]
+            pre["default"] = self.prefill.default.key()
+            pre["interpreter"] = self.prefill.interpreter.key()
+            out["prefill"] = pre
         return out
 
 
@@ -113,9 +192,11 @@ def _decode_space(block_m: int, dc_pad: int, tiles: DecodeTiles, pinned: bool) -
     deep pipelines are dropped where they cannot fit the 227 KB of an H100 SM. Returns () when nothing
     fits (then this block_m is not offered), unless the user pinned knobs.
     """
-    block_ns = _pinned((32, 64, 128), tiles.block_n)
-    warps = _pinned((4, 8, 16) if dc_pad >= 1024 else (4, 8), tiles.num_warps)
-    stages = _pinned((1, 2, 3, 4), tiles.num_stages)
+    block_ns = _pinned((16, 32, 64, 128), tiles.block_n)
+    # 16 warps (four warpgroups) split a 64 x 512 fp32 accumulator to 64 registers a thread
+    wide = block_m >= 32 and dc_pad >= 512
+    warps = _pinned((4, 8, 16) if wide else (4, 8), tiles.num_warps)
+    stages = _pinned((1, 2, 3), tiles.num_stages)
     out = []
     for n in block_ns:
         for w in warps:
@@ -130,14 +211,36 @@ def _decode_space(block_m: int, dc_pad: int, tiles: DecodeTiles, pinned: bool) -
     return tuple(sorted(out))
 
 
+#: untuned defaults per block_m, the best of a sweep on an H100 (2026-11-22, Dc 512 / 256, page 64);
+#: where a spec's space lacks them, the heuristic below picks
+_MEASURED_DEFAULTS = {16: TileConfig(32, 4, 3), 32: TileConfig(128, 4, 2), 64: TileConfig(64, 8, 2)}
+
+
 def _default_decode_config(block_m: int, dc_pad: int, space: tuple[TileConfig, ...]) -> TileConfig:
-    """A reasonable untuned choice: 64-token tiles, enough warps for the accumulator, 2 stages."""
+    """A reasonable untuned choice: the measured one, else 64-token tiles with enough warps, 2 stages."""
     want_warps = 8 if block_m * dc_pad >= 32 * 1024 else 4
-    preference = [TileConfig(64, want_warps, 2), TileConfig(32, want_warps, 2), TileConfig(64, 4, 2)]
+    preference = [
+        _MEASURED_DEFAULTS.get(block_m),
+        TileConfig(64, want_warps, 2),
+        TileConfig(32, want_warps, 2),
+        TileConfig(64, 4, 2),
+    ]
     for candidate in preference:
         if candidate in space:
             return candidate
     return space[0]
+
+
+def _min_blocks_per_part(
+    space: tuple[tuple[int, tuple[TileConfig, ...]], ...], dc: int, dr: int, factor: float
+) -> tuple[tuple[tuple[int, int], int], ...]:
+    table = {}
+    for block_m, configs in space:
+        fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
+        for block_n in sorted({c.block_n for c in configs} | {16}):
+            block_bytes = block_n * (dc + dr) * 2
+            table[(block_m, block_n)] = max(1, math.ceil(factor * fixed_bytes / block_bytes))
+    return tuple(sorted(table.items()))
 
 
 def lower_decode(spec: MLASpec) -> DecodePlan:
@@ -149,6 +252,7 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
     space = tuple((m, cfgs) for m in candidates if (cfgs := _decode_space(m, dc_pad, tiles, pinned)))
     block_ms = tuple(m for m, _ in space)
     defaults = tuple((m, _default_decode_config(m, dc_pad, cfgs)) for m, cfgs in space)
+    combine_tiles = tuple((r, min(c, dc_pad)) for r, c in COMBINE_TILES)
     return DecodePlan(
         dc=dc,
         dr=dr,
@@ -157,10 +261,89 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
         min_block_m=min(block_ms),
         max_block_m=max(block_ms),
         parts_per_sm=2,
-        combine_block_rows=COMBINE_BLOCK_ROWS,
+        split_overhead_factor=SPLIT_OVERHEAD_FACTOR,
+        min_blocks_per_part=_min_blocks_per_part(space, dc, dr, SPLIT_OVERHEAD_FACTOR),
+        q_tma_min_block_m=64,
+        combine_tiles=combine_tiles,
+        combine_block_runs=tuple(
+            (tile, max(2, min(64, COMBINE_STEP_ELEMENTS // (tile[0] * tile[1])))) for tile in combine_tiles
+        ),
         space=space,
         defaults=defaults,
         interpreter=TileConfig(block_n=16, num_warps=4, num_stages=1),
+    )
+
+
+#: registers per thread an H100 gives a program before spilling gets likely (255 is the hard limit)
+PREFILL_MAX_REGS_PER_THREAD = 192
+#: shared memory per SM on an H100 that a program may use (227 KB less a margin)
+PREFILL_MAX_SMEM = 220 * 1024
+
+
+def _prefill_fits(c: PrefillConfig, dn_pad: int, dr_pad: int, dv_pad: int) -> bool:
+    """Register and shared-memory budget of one prefill tile.
+
+    Registers: the fp32 output accumulator (block_m x dv_pad) and the fp32 scores (block_m x block_n)
+    live across the inner loop. Shared memory: the query tile plus num_stages buffers of one key tile
+    (k_nope, k_pe and v rows, 2 bytes each).
+    """
+    regs = (c.block_m * dv_pad + c.block_m * c.block_n) // (32 * c.num_warps)
+    smem = c.block_m * (dn_pad + dr_pad) * 2 + c.num_stages * c.block_n * (dn_pad + dr_pad + dv_pad) * 2
+    return regs <= PREFILL_MAX_REGS_PER_THREAD and smem <= PREFILL_MAX_SMEM
+
+
+def _prefill_space(dn_pad: int, dr_pad: int, dv_pad: int, tiles: PrefillTiles) -> tuple[PrefillConfig, ...]:
+    block_ms = _pinned((64, 128), tiles.block_m)
+    block_ns = _pinned((32, 64, 128), tiles.block_n)
+    warps = _pinned((4, 8), tiles.num_warps)
+    stages = _pinned((1, 2, 3, 4), tiles.num_stages)
+    space = [
+        c
+        for m in block_ms
+        for n in block_ns
+        for w in warps
+        for s in stages
+        if _prefill_fits(c := PrefillConfig(m, n, w, s), dn_pad, dr_pad, dv_pad)
+    ]
+    pinned = any(v is not None for v in (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages))
+    if not space and pinned:  # a pinned combination that breaks the heuristics is still what the user asked
+        space = [PrefillConfig(block_ms[0], block_ns[0], warps[0], stages[0])]
+    return tuple(sorted(space))
+
+
+def _default_prefill_config(space: tuple[PrefillConfig, ...]) -> PrefillConfig:
+    """Untuned choice for Hopper: 128 query rows on 8 warps (one 64-row wgmma per warpgroup), 2-3 stages."""
+    preference = [
+        PrefillConfig(128, 64, 8, 3),
+        PrefillConfig(128, 64, 8, 2),
+        PrefillConfig(128, 32, 8, 2),
+        PrefillConfig(64, 64, 4, 2),
+        PrefillConfig(64, 32, 4, 2),
+    ]
+    for candidate in preference:
+        if candidate in space:
+            return candidate
+    return space[0]
+
+
+def lower_prefill(spec: MLASpec) -> PrefillPlan:
+    dn, dr, dv, dc = spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim, spec.kv_lora_rank
+    dn_pad, dr_pad, dv_pad = next_pow2(dn), next_pow2(dr), next_pow2(dv)
+    space = _prefill_space(dn_pad, dr_pad, dv_pad, spec.tiles.prefill)
+    return PrefillPlan(
+        dn=dn,
+        dr=dr,
+        dv=dv,
+        dc=dc,
+        dn_pad=dn_pad,
+        dr_pad=dr_pad,
+        dv_pad=dv_pad,
+        dc_pad=next_pow2(dc),
+        space=space,
+        default=_default_prefill_config(space),
+        interpreter=PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1),
+        merge_block_t=16,
+        cache_write_block_t=16,
     )
 
 
@@ -174,4 +357,5 @@ def lower(spec: MLASpec) -> KernelPlan:
         page_size=spec.page_size,
         softmax_scale=softmax_scale_of(spec),
         decode=lower_decode(spec) if "decode" in spec.kernels else None,
+        prefill=lower_prefill(spec) if "prefill" in spec.kernels else None,
     )

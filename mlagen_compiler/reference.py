@@ -6,7 +6,9 @@ the same layer are given and must agree with each other:
 * decompressed (MHA): expand k_nope / v per head from the latent c_kv, then ordinary causal attention;
 * absorbed (MQA): fold W_UK into the query and W_UV into the output, attend over [c_kv ; k_pe] rows.
 
-Plus absorbed decode over a paged cache with the contract of the generated `mla_decode`.
+Plus absorbed decode over a paged cache with the contract of the generated `mla_decode`, and the
+prefill contracts: varlen causal prefill (MHA form), chunked prefill over a cached latent prefix, and the
+paged cache write.
 """
 
 from __future__ import annotations
@@ -20,9 +22,15 @@ __all__ = [
     "absorb_query",
     "apply_rope",
     "attention",
+    "cache_write",
+    "causal_mask",
+    "chunked_prefill",
     "decode_paged",
+    "gather_pages",
+    "decode_paged_batched",
     "mla_absorbed",
     "mla_decompressed",
+    "prefill_varlen",
     "project",
     "random_weights",
 ]
@@ -196,3 +204,114 @@ def decode_paged(
         o_b, lse_b = attention(q[b], rows[:, None, :], rows[:, None, :kv_lora_rank], scale, visible)
         out[b], lse[b] = o_b, lse_b
     return out, lse
+
+
+def decode_paged_batched(
+    q: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    kv_lora_rank: int,
+    scale: float,
+    max_seqlen: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same as `decode_paged` in whole-batch tensor ops (no Python loop over sequences, no host sync
+    when `max_seqlen` is given): PyTorch eager absorbed decode, the baseline the benchmarks compare to.
+    Computes in q's dtype; scores and softmax in float32 at least.
+    """
+    batch, seqlen_q, num_heads, _ = q.shape
+    page_size = kv_cache.shape[1]
+    if max_seqlen is None:
+        max_seqlen = int(cache_seqlens.max())
+    n_pages = -(-max_seqlen // page_size)
+    rows = kv_cache[block_table[:, :n_pages].long()]  # [B, n_pages, page_size, 1, D]
+    rows = rows.reshape(batch, n_pages * page_size, kv_cache.shape[-1]).to(q.dtype)
+    acc = torch.promote_types(q.dtype, torch.float32)
+    scores = torch.einsum("bshd,bnd->bhsn", q, rows).to(acc) * scale
+    key_pos = torch.arange(n_pages * page_size, device=q.device)
+    q_pos = cache_seqlens[:, None].long() - seqlen_q + torch.arange(seqlen_q, device=q.device)[None, :]
+    visible = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, Sq, N]
+    scores = scores.masked_fill(~visible[:, None], float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)  # [B, H, Sq]
+    probs = torch.exp(scores - torch.where(torch.isinf(lse), 0.0, lse)[..., None]).to(q.dtype)
+    out = torch.einsum("bhsn,bnc->bshc", probs, rows[..., :kv_lora_rank])
+    return out, lse
+
+
+def prefill_varlen(
+    q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor, cu_seqlens, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal MHA-form prefill over packed sequences, the contract of the generated `mla_prefill`.
+
+    q [T, H, Dn+Dr], k_nope [T, H, Dn], k_pe [T, Dr] (shared by all heads), v [T, H, Dv],
+    cu_seqlens [B+1]. Returns out [T, H, Dv] and lse [H, T].
+    """
+    num_tokens, num_heads, _ = q.shape
+    out = q.new_zeros(num_tokens, num_heads, v.shape[-1])
+    lse = q.new_full((num_heads, num_tokens), float("-inf"))
+    bounds = [int(x) for x in cu_seqlens]
+    for lo, hi in zip(bounds[:-1], bounds[1:]):
+        if hi == lo:
+            continue
+        k = torch.cat([k_nope[lo:hi], k_pe[lo:hi, None, :].expand(-1, num_heads, -1)], dim=-1)
+        out[lo:hi], lse[:, lo:hi] = attention(q[lo:hi], k, v[lo:hi], scale, causal_mask(hi - lo, hi - lo, q.device))
+    return out, lse
+
+
+def chunked_prefill(
+    q: torch.Tensor,
+    k_nope: torch.Tensor,
+    k_pe: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens,
+    kv_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    prefix_lens,
+    w_uk: torch.Tensor,
+    w_uv: torch.Tensor,
+    scale: float,
+    expanded_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Full causal attention over cached prefix + new tokens, the contract of `mla_chunked_prefill`.
+
+    New tokens of sequence b (tokens cu_seqlens[b]..cu_seqlens[b+1]-1) sit at positions prefix_lens[b]..;
+    the prefix keys are expanded from the latent cache rows: k = [W_UK c_kv ; k_pe], v = W_UV c_kv.
+    expanded_dtype: round the expanded prefix k_nope / v to this dtype, as the MHA form materializes them
+    in the kernel's dtype (None: keep them exact). Computed in q's dtype. Returns out [T, H, Dv], lse [H, T].
+    """
+    num_tokens, num_heads, _ = q.shape
+    kv_lora_rank = w_uk.shape[-1]
+    out = q.new_zeros(num_tokens, num_heads, v.shape[-1])
+    lse = q.new_full((num_heads, num_tokens), float("-inf"))
+    bounds = [int(x) for x in cu_seqlens]
+    for b, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+        if hi == lo:
+            continue
+        prefix = int(prefix_lens[b])
+        rows = gather_pages(kv_cache, block_table[b], prefix).to(q.dtype)
+        c_kv, pre_k_pe = rows[:, :kv_lora_rank], rows[:, kv_lora_rank:]
+        pre_k_nope = torch.einsum("sc,hnc->shn", c_kv, w_uk.to(q.dtype))
+        pre_v = torch.einsum("sc,hvc->shv", c_kv, w_uv.to(q.dtype))
+        if expanded_dtype is not None:
+            pre_k_nope, pre_v = pre_k_nope.to(expanded_dtype).to(q.dtype), pre_v.to(expanded_dtype).to(q.dtype)
+        keys_nope = torch.cat([pre_k_nope, k_nope[lo:hi]])
+        keys_pe = torch.cat([pre_k_pe, k_pe[lo:hi]])
+        values = torch.cat([pre_v, v[lo:hi]])
+        k = torch.cat([keys_nope, keys_pe[:, None, :].expand(-1, num_heads, -1)], dim=-1)
+        visible = causal_mask(hi - lo, prefix + hi - lo, q.device)
+        out[lo:hi], lse[:, lo:hi] = attention(q[lo:hi], k, values, scale, visible)
+    return out, lse
+
+
+def cache_write(
+    kv_cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor
+) -> torch.Tensor:
+    """A copy of kv_cache [num_pages, page_size, 1, Dc+Dr] with row [c_kv[t] ; k_pe[t]] at slot_mapping[t]
+    (page slot // page_size, row slot % page_size); negative slots are skipped."""
+    result = kv_cache.clone()
+    page_size = kv_cache.shape[1]
+    rows = torch.cat([c_kv, k_pe], dim=-1).to(kv_cache.dtype)
+    for t, slot in enumerate(slot_mapping.tolist()):
+        if slot >= 0:
+            result[slot // page_size, slot % page_size, 0] = rows[t]
+    return result

@@ -14,7 +14,7 @@ from pathlib import Path
 from .render import bundled_spec_dir
 from .spec import MLASpec, SpecError, load_spec
 
-__all__ = ["registered_specs", "resolve_spec", "spec_dirs"]
+__all__ = ["registered_specs", "resolve_kernel", "resolve_spec", "spec_dirs"]
 
 SPEC_PATH_ENV = "MLAGEN_SPEC_PATH"
 
@@ -36,20 +36,37 @@ def registered_specs(extra_dirs: Iterable[str | Path] = ()) -> dict[str, Path]:
     return found
 
 
+def _split_name(arg: str) -> tuple[str, str | None]:
+    """'deepseek-v3-tp8/decode' -> ('deepseek-v3-tp8', 'decode'); a plain name has no kernel part."""
+    name, _, kernel = str(arg).partition("/")
+    return name, (kernel or None)
+
+
 def resolve_spec(arg: str | Path | MLASpec, extra_dirs: Iterable[str | Path] = ()) -> MLASpec:
-    """A spec object, a YAML path, or a registered name -> validated MLASpec."""
+    """A spec object, a YAML path, or a registered name (optionally `name/kernel`) -> validated MLASpec."""
+    return resolve_kernel(arg, extra_dirs)[0]
+
+
+def resolve_kernel(arg: str | Path | MLASpec, extra_dirs: Iterable[str | Path] = ()) -> tuple[MLASpec, str | None]:
+    """Like `resolve_spec`, and the kernel a `name/kernel` argument names (None when it names none).
+
+    Unknown names and kernels the spec does not emit are errors that list the close matches.
+    """
     if isinstance(arg, MLASpec):
-        return arg
+        return arg, None
     path = Path(arg)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        return load_spec(path)
+    if path.suffix in (".yaml", ".yml") or path.is_file():
+        return load_spec(path), None
     known = registered_specs(extra_dirs)
-    name = str(arg).split("/", 1)[0]
+    name, kernel = _split_name(str(arg))
     if name in known:
         spec = load_spec(known[name])
         if spec.name != name:
             raise SpecError(f"{known[name]}: file is registered as '{name}' but its name field is '{spec.name}'")
-        return spec
+        if kernel is not None and kernel not in spec.kernels:
+            emitted = ", ".join(f"{name}/{k}" for k in spec.kernels)
+            raise SpecError(f"spec '{name}' does not emit a '{kernel}' kernel; it emits: {emitted}")
+        return spec, kernel
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else f"; registered: {', '.join(sorted(known))}"
     raise SpecError(f"spec '{arg}': no such file or registered spec{hint}")

@@ -88,6 +88,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "ln2": repr(math.log(2.0)),
         "interpreter_sm_count": INTERPRETER_SM_COUNT,
         "decode": plan.decode,
+        "prefill": plan.prefill,
     }
     if plan.decode is not None:
         decode_tuned = (tuned or {}).get("decode", {})
@@ -95,7 +96,17 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
             decode_space=_literal({m: [_config_tuple(c) for c in cfgs] for m, cfgs in plan.decode.space}),
             decode_defaults=_literal({m: _config_tuple(c) for m, c in plan.decode.defaults}),
             decode_interpreter=_literal(_config_tuple(plan.decode.interpreter)),
+            decode_min_blocks=_literal(dict(plan.decode.min_blocks_per_part)),
+            decode_combine_tiles=_literal(dict(plan.decode.combine_block_runs)),
             decode_tuned=_literal({tuple(k.split("|", 1)): tuple(v) for k, v in decode_tuned.items()}),
+        )
+    if plan.prefill is not None:
+        prefill_tuned = (tuned or {}).get("prefill", {})
+        context.update(
+            prefill_space=_literal([c.as_tuple() for c in plan.prefill.space]),
+            prefill_default=_literal(plan.prefill.default.as_tuple()),
+            prefill_interpreter=_literal(plan.prefill.interpreter.as_tuple()),
+            prefill_tuned=_literal({tuple(k.split("|", 1)): tuple(v) for k, v in prefill_tuned.items()}),
         )
     return context
 
@@ -104,6 +115,7 @@ def render_module(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> str:
     """Source of the generated module for `plan`.
 
     tuned: optional {"decode": {"<gpu name>|<bucket>": [block_n, num_warps, num_stages]}} rendered in as
-    the module's recorded configurations.
+    the module's recorded configurations (and "prefill": {"<gpu name>|<causal or prefix>": [block_m, block_n,
+    num_warps, num_stages]}).
     """
     return _environment().get_template("module.py.jinja").render(**render_context(plan, tuned))

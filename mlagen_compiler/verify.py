@@ -30,6 +30,7 @@ class DecodeCase:
     seqlens: tuple[int, ...]
     seqlen_q: int = 1
     num_parts: int | None = None
+    min_blocks_per_part: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,8 +57,8 @@ def decode_cases(page_size: int, on_gpu: bool) -> list[DecodeCase]:
         ]
     return [
         DecodeCase("B=1 S=1", (1,)),
-        DecodeCase("B=3 page edges", (max(1, p - 1), p + 1, 2 * p), num_parts=3),
-        DecodeCase("B=2 varlen Sq=2", (37, 5), seqlen_q=2, num_parts=4),
+        DecodeCase("B=3 page edges", (max(1, p - 1), p + 1, 2 * p), num_parts=3, min_blocks_per_part=1),
+        DecodeCase("B=2 varlen Sq=2", (37, 5), seqlen_q=2, num_parts=4, min_blocks_per_part=1),
     ]
 
 
@@ -112,7 +113,9 @@ def run_decode_case(module: ModuleType, case: DecodeCase, generator, device) -> 
     from .reference import decode_paged
 
     inputs = make_decode_inputs(module, case.seqlens, case.seqlen_q, generator, device)
-    schedule = module.get_decode_schedule(len(case.seqlens), case.seqlen_q, device, num_parts=case.num_parts)
+    schedule = module.get_decode_schedule(
+        len(case.seqlens), case.seqlen_q, device, num_parts=case.num_parts, min_blocks_per_part=case.min_blocks_per_part
+    )
     out, lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule)
     ref_out, ref_lse = decode_paged(
         inputs["q"].double(),

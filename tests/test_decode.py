@@ -37,6 +37,8 @@ def decode_problems(draw):
     )
     seqlens = draw(st.lists(length, min_size=1, max_size=4))
     num_parts = draw(st.one_of(st.none(), st.integers(1, 9)))
+    # default (plan's cost rule) or forced small runs, so that splits and the combine are exercised
+    min_blocks = draw(st.sampled_from([None, 1, 2]))
     seed = draw(st.integers(0, 2**32 - 1))
     return dict(
         heads=heads,
@@ -47,6 +49,7 @@ def decode_problems(draw):
         seqlen_q=seqlen_q,
         seqlens=seqlens,
         num_parts=num_parts,
+        min_blocks=min_blocks,
         seed=seed,
     )
 
@@ -71,7 +74,9 @@ def test_decode_matches_reference(build_module, device, problem):
     g = torch.Generator().manual_seed(problem["seed"])
     inputs = make_decode_inputs(module, problem["seqlens"], problem["seqlen_q"], g, device)
     batch, seqlen_q = len(problem["seqlens"]), problem["seqlen_q"]
-    schedule = module.get_decode_schedule(batch, seqlen_q, device, num_parts=problem["num_parts"])
+    schedule = module.get_decode_schedule(
+        batch, seqlen_q, device, num_parts=problem["num_parts"], min_blocks_per_part=problem["min_blocks"]
+    )
     out = torch.full(
         (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK),
         float("nan"),

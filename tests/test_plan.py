@@ -44,8 +44,8 @@ def test_space_fits_registers_and_shared_memory(dc):
 
 def test_wide_latent_needs_eight_warps_for_64_rows():
     plan = lower(spec(kv_lora_rank=512)).decode
-    assert {c.num_warps for c in dict(plan.space)[64]} == {8}
-    assert dict(plan.defaults)[64] == TileConfig(64, 8, 2)
+    assert 4 not in {c.num_warps for c in dict(plan.space)[64]}
+    assert dict(plan.defaults)[64].num_warps >= 8
 
 
 def test_overrides_pin_the_space():

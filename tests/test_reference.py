@@ -94,3 +94,17 @@ def test_paged_decode_equals_absorbed_attention(seed, page_size, seqlen_q):
     got = torch.einsum("thc,hvc->thv", o_lat[0], w.w_uv)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(lse[0], want_lse)
+
+
+@given(seed=st.integers(0, 2**32 - 1), seqlen_q=st.integers(1, 3), page_size=st.sampled_from([1, 4, 8]))
+def test_batched_decode_equals_looped(seed, seqlen_q, page_size):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.randint(0, 30, (4,), generator=g, dtype=torch.int32)
+    n_pages = 4 * (-(-30 // page_size)) + 1
+    cache = torch.randn(n_pages, page_size, 1, 80, generator=g, dtype=torch.float64)
+    table = torch.randperm(n_pages, generator=g)[: 4 * (-(-30 // page_size))].view(4, -1).to(torch.int32)
+    q = torch.randn(4, seqlen_q, 3, 80, generator=g, dtype=torch.float64)
+    want = ref.decode_paged(q, cache, table, lens, 64, 0.3)
+    got = ref.decode_paged_batched(q, cache, table, lens, 64, 0.3, max_seqlen=30)
+    torch.testing.assert_close(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1])

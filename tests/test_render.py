@@ -8,6 +8,7 @@ from mlagen_compiler import __version__
 from mlagen_compiler.compile import module_source
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import spec_from_dict
+from mlagen_compiler.tuning import shipped_db_paths, tuned_for_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = dict(
@@ -57,8 +58,9 @@ def test_generated_dir_matches_fresh_compile(name):
     spec = resolve_spec(name)
     committed = ROOT / "generated" / f"{spec.module_name}.py"
     assert committed.exists(), f"generated/{spec.module_name}.py missing: run `mlagen compile --all`"
-    assert committed.read_text() == module_source(spec), (
-        f"generated/{committed.name} is stale: run `mlagen compile --all`"
+    shipped = tuned_for_spec(spec, shipped_db_paths())  # what `mlagen compile --tuning shipped` renders in
+    assert committed.read_text() == module_source(spec, shipped), (
+        f"generated/{committed.name} is stale: run `mlagen compile --all --tuning shipped`"
     )
 
 

@@ -1,0 +1,480 @@
+"""Decode benchmark: generated mla_decode vs PyTorch eager absorbed decode, on one GPU, in one process.
+
+Measures the roofline first (device-to-device copy, bf16 8192^3 matmul), then for every case checks the
+generated kernel against an fp32 reference on the same random inputs and times it and the eager baseline
+with `triton.testing.do_bench` medians. Small-batch cases are also timed as serving engines run decode:
+replaying a captured CUDA graph of the whole call (schedule planned once, outside the graph).
+
+    python benchmarks/bench_decode.py [--out DIR] [--quick] [--sweep] [--compare-default]
+
+--sweep times every configuration of the plan's autotune space on a few key cases (for tuning work);
+--compare-default also times the untuned default configuration beside the selected (tuned) one.
+Writes decode.json and decode.png into DIR (default: $OUT, else ./out) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import sys
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import triton
+import triton.testing
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
+from mlagen_compiler.reference import decode_paged_batched  # noqa: E402
+from mlagen_compiler.registry import resolve_spec  # noqa: E402
+from mlagen_compiler.verify import compare  # noqa: E402
+
+PAGE_SIZE = 64
+
+
+@dataclass
+class Case:
+    name: str
+    spec: str  # bundled spec name to derive the geometry from
+    num_heads: int
+    seqlens: list[int]
+    seqlen_q: int = 1
+    graph: bool = False  # judge by CUDA-graph replay (small batches)
+    varlen: bool = False
+
+
+@dataclass
+class Result:
+    case: str
+    geometry: str
+    batch: int
+    seqlen_q: int
+    num_heads: int
+    total_tokens: int
+    config: str
+    us: float
+    gbps: float
+    tflops: float
+    pct_copy: float
+    pct_mma: float
+    eager_us: float
+    speedup: float
+    graph_us: float | None = None
+    default_us: float | None = None
+    max_err: float = 0.0
+    rel_err: float = 0.0
+    passed: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def lengths(batch: int, seqlen: int, varlen: bool, gen: torch.Generator) -> list[int]:
+    if not varlen:
+        return [seqlen] * batch
+    # uniform in [S/2, 3S/2): same mean as the fixed case, a realistic spread
+    return torch.randint(seqlen // 2, seqlen * 3 // 2, (batch,), generator=gen).tolist()
+
+
+def cases(quick: bool) -> list[Case]:
+    gen = torch.Generator().manual_seed(1234)
+    out = []
+    heads = (16, 128) if quick else (16, 32, 64, 128)
+    seqs = (8192,) if quick else (4096, 8192)
+    for h in heads:
+        for s in seqs:
+            for sq in (1, 2):
+                for varlen in (False, True):
+                    if quick and (varlen or sq == 2):
+                        continue
+                    tag = "var" if varlen else "fix"
+                    out.append(
+                        Case(
+                            f"H{h} B128 S{s} Sq{sq} {tag}",
+                            "deepseek-v3-tp8",
+                            h,
+                            lengths(128, s, varlen, gen),
+                            sq,
+                            varlen=varlen,
+                        )
+                    )
+    for b in (1, 8):
+        for h in (16, 128):
+            out.append(Case(f"H{h} B{b} S8192 graph", "deepseek-v3-tp8", h, [8192] * b, graph=True))
+    out.append(Case("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64))
+    out.append(Case("H16 skewed4 Sq4 graph", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 4, graph=True))
+    out.append(Case("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128))
+    return out
+
+
+def roofline() -> dict[str, float]:
+    n = 1 << 30  # 1 GiB copy: bytes read + bytes written
+    src = torch.randn(n // 2, dtype=torch.bfloat16, device="cuda")
+    dst = torch.empty_like(src)
+    t_copy = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    copy_gbps = 2 * n / (t_copy * 1e-3) / 1e9
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    t_mm = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
+    mm_tflops = 2 * 8192**3 / (t_mm * 1e-3) / 1e12
+    return {"copy_gbps": copy_gbps, "matmul_tflops": mm_tflops}
+
+
+_MODULES: dict[tuple[str, int], object] = {}
+
+
+def module_for(spec_name: str, num_heads: int, tmp: Path):
+    key = (spec_name, num_heads)
+    if key not in _MODULES:
+        base = resolve_spec(spec_name).to_flat_dict()
+        spec = spec_from_dict({**base, "name": f"{spec_name}-h{num_heads}", "num_heads": num_heads})
+        _MODULES[key] = import_module_from_path(compile_spec(spec, tmp / f"{spec.name}"))
+    return _MODULES[key]
+
+
+def make_inputs(module, seqlens: list[int], seqlen_q: int, gen: torch.Generator):
+    """Random bf16 data (never zeros) and a shuffled page table with every page distinct."""
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    batch = len(seqlens)
+    pages = [-(-s // PAGE_SIZE) for s in seqlens]
+    max_pages = max(pages)
+    num_pages = sum(pages)
+    perm = torch.randperm(num_pages, generator=gen, device="cpu")
+    table = torch.zeros(batch, max_pages, dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    kv = torch.randn(num_pages, PAGE_SIZE, 1, width, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, dtype=torch.bfloat16, device="cuda")
+    return q, kv, table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+
+
+def bytes_and_flops(module, seqlens, seqlen_q):
+    dc, dr, h = module.KV_LORA_RANK, module.QK_ROPE_HEAD_DIM, module.NUM_HEADS
+    tokens = sum(seqlens)
+    b = len(seqlens)
+    nbytes = tokens * (dc + dr) * 2 + b * seqlen_q * h * (dc + dr) * 2 + b * seqlen_q * h * dc * 2
+    flops = 2 * seqlen_q * h * tokens * (2 * dc + dr)
+    return nbytes, flops
+
+
+def check(module, q, kv, table, lens, out, lse, max_len):
+    ref_out, ref_lse = decode_paged_batched(
+        q.float(), kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len
+    )
+    max_err, rel, msg = compare(out, ref_out, "bfloat16")
+    lse_err = float((lse - ref_lse).abs().max())
+    if not msg and lse_err > 1e-2:
+        msg = f"lse error {lse_err:.3g}"
+    return max_err, rel, msg
+
+
+def time_graph(fn) -> float:
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+
+    # 20 replays per timed call so launch gaps between replays are amortised like a serving loop
+    def replay():
+        for _ in range(20):
+            graph.replay()
+
+    return triton.testing.do_bench(replay, warmup=25, rep=200, return_mode="median") / 20
+
+
+def run_case(case: Case, roof, tmp: Path, compare_default: bool, gen: torch.Generator) -> Result:
+    module = module_for(case.spec, case.num_heads, tmp)
+    q, kv, table, lens = make_inputs(module, case.seqlens, case.seqlen_q, gen)
+    batch = len(case.seqlens)
+    max_len = max(case.seqlens)
+    schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device)
+    out = torch.full(
+        (batch, case.seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), float("nan"), dtype=torch.bfloat16, device="cuda"
+    )
+    lse = torch.full((batch, module.NUM_HEADS, case.seqlen_q), float("nan"), device="cuda")
+    call = lambda: module.mla_decode(q, kv, table, lens, schedule=schedule, out=out, lse=lse, return_lse=True)
+    call()
+    max_err, rel, msg = check(module, q, kv, table, lens, out, lse, max_len)
+    us = triton.testing.do_bench(call, warmup=25, rep=200, return_mode="median") * 1e3
+    graph_us = time_graph(call) * 1e3 if case.graph else None
+    eager = lambda: decode_paged_batched(
+        q, kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len
+    )
+    try:
+        eager_us = triton.testing.do_bench(eager, warmup=5, rep=100, return_mode="median") * 1e3
+    except torch.OutOfMemoryError:
+        eager_us = float("nan")
+    default_us = None
+    if compare_default:
+        default_cfg = module.DECODE_DEFAULTS[schedule.block_m]
+        sched_d = module.get_decode_schedule(batch, case.seqlen_q, q.device, config=default_cfg)
+        call_d = lambda: module.mla_decode(q, kv, table, lens, schedule=sched_d, out=out, lse=lse)
+        default_us = (
+            time_graph(call_d)
+            if case.graph
+            else triton.testing.do_bench(call_d, warmup=25, rep=200, return_mode="median")
+        ) * 1e3
+    best = graph_us if graph_us is not None else us
+    nbytes, flops = bytes_and_flops(module, case.seqlens, case.seqlen_q)
+    gbps = nbytes / (best * 1e-6) / 1e9
+    tflops = flops / (best * 1e-6) / 1e12
+    return Result(
+        case=case.name,
+        geometry=f"Dc{module.KV_LORA_RANK}/Dr{module.QK_ROPE_HEAD_DIM}",
+        batch=batch,
+        seqlen_q=case.seqlen_q,
+        num_heads=module.NUM_HEADS,
+        total_tokens=sum(case.seqlens),
+        config=f"m{schedule.block_m} n{schedule.config[0]} w{schedule.config[1]} s{schedule.config[2]} "
+        f"p{schedule.num_parts}",
+        us=us,
+        gbps=gbps,
+        tflops=tflops,
+        pct_copy=100 * gbps / roof["copy_gbps"],
+        pct_mma=100 * tflops / roof["matmul_tflops"],
+        eager_us=eager_us,
+        speedup=eager_us / us,
+        graph_us=graph_us,
+        default_us=default_us,
+        max_err=max_err,
+        rel_err=rel,
+        passed=not msg,
+        extra={"detail": msg} if msg else {},
+    )
+
+
+def _time_schedule(module, inputs, sched, max_len, graph=False):
+    q, kv, table, lens = inputs
+    call = functools.partial(module.mla_decode, q, kv, table, lens, schedule=sched, return_lse=True)
+    try:
+        out, lse = call()
+        _, _, msg = check(module, q, kv, table, lens, out, lse, max_len)
+        if graph:
+            us = time_graph(call) * 1e3
+        else:
+            us = triton.testing.do_bench(call, warmup=10, rep=60, return_mode="median") * 1e3
+    except Exception as error:  # noqa: BLE001 - a config that fails to compile is reported, not fatal
+        msg, us = f"{type(error).__name__}: {str(error)[:80]}", float("nan")
+    return us, msg
+
+
+def compiled_resources(kernel, dump_dir: Path | None = None) -> list[str]:
+    """Registers, spills and shared memory of every compiled variant of a Triton kernel (and its TTGIR)."""
+    lines = []
+    for caches in getattr(kernel, "device_caches", {}).values():
+        for i, compiled in enumerate(caches[0].values()):
+            if dump_dir is not None and i < 2:
+                (dump_dir / f"{kernel.__name__}_{i}_w{compiled.metadata.num_warps}.ttgir").write_text(
+                    compiled.asm.get("ttgir", "")
+                )
+            consts = {k: v for k, v in getattr(compiled, "constants", {}).items() if isinstance(v, int)}
+            lines.append(
+                f"regs={getattr(compiled, 'n_regs', '?')} spills={getattr(compiled, 'n_spills', '?')} "
+                f"smem={getattr(compiled.metadata, 'shared', '?')} warps={compiled.metadata.num_warps} "
+                f"stages={compiled.metadata.num_stages} {consts}"
+            )
+    return lines
+
+
+def sweep(tmp: Path, gen: torch.Generator, only: str = "", dump_dir: Path | None = None) -> list[dict]:
+    """Every config of the space (and a few split policies) on the cases that decide the targets."""
+    rows = []
+    key_cases = [
+        Case("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
+        Case("H128 B128 S8192", "deepseek-v3-tp8", 128, [8192] * 128),
+        Case("H16 B1 S8192 graph", "deepseek-v3-tp8", 16, [8192], graph=True),
+        Case("H16 skewed Sq4 graph", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 4, graph=True),
+        Case("Mistral H32 B128", "mistral-small-4", 32, [8192] * 128),
+    ]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for case in key_cases:
+        if only and not any(part in case.name for part in only.split(",")):
+            continue
+        module = module_for(case.spec, case.num_heads, tmp)
+        inputs = make_inputs(module, case.seqlens, case.seqlen_q, gen)
+        batch, max_len = len(case.seqlens), max(case.seqlens)
+        base = module.get_decode_schedule(batch, case.seqlen_q, inputs[0].device)
+        nbytes, flops = bytes_and_flops(module, case.seqlens, case.seqlen_q)
+        case_rows = []
+
+        def record(
+            block_m,
+            cfg,
+            parts,
+            min_blocks,
+            case=case,
+            module=module,
+            inputs=inputs,
+            batch=batch,
+            max_len=max_len,
+            nbytes=nbytes,
+            flops=flops,
+            case_rows=case_rows,
+        ):
+            sched = module.get_decode_schedule(
+                batch,
+                case.seqlen_q,
+                inputs[0].device,
+                num_parts=parts,
+                config=cfg,
+                min_blocks_per_part=min_blocks,
+                block_m=block_m,
+            )
+            us, msg = _time_schedule(module, inputs, sched, max_len, graph=case.graph)
+            row = {
+                "case": case.name,
+                "block_m": block_m,
+                "config": cfg,
+                "parts": sched.num_parts,
+                "min_blocks": sched.min_blocks_per_part,
+                "us": us,
+                "gbps": nbytes / (us * 1e-6) / 1e9,
+                "tflops": flops / (us * 1e-6) / 1e12,
+                "ok": not msg,
+                "detail": msg,
+            }
+            case_rows.append(row)
+            return row
+
+        rows_q = case.seqlen_q * module.NUM_HEADS
+        block_ms = [m for m in module.DECODE_SPACE if m <= max(16, triton.next_power_of_2(rows_q))]
+        if rows_q > max(block_ms):  # many rows: only the widest row blocks are worth timing
+            block_ms = [max(block_ms)]
+        for block_m in block_ms:
+            for cfg in module.DECODE_SPACE[block_m]:
+                record(block_m, cfg, None, None)
+        best = min((r for r in case_rows if r["ok"]), key=lambda r: r["us"])
+        row_blocks = triton.cdiv(rows_q, best["block_m"])
+        for parts in sorted({max(1, sms * k // row_blocks) for k in (1, 3, 4)}):
+            record(best["block_m"], best["config"], parts, None)
+        for factor in (0.25, 0.5, 2, 4, 8):
+            record(best["block_m"], best["config"], best["parts"], max(1, int(best["min_blocks"] * factor)))
+        ranked = sorted((r for r in case_rows if r["ok"]), key=lambda r: r["us"])
+        default = next(
+            r
+            for r in case_rows
+            if r["block_m"] == base.block_m and r["config"] == base.config and r["parts"] == base.num_parts
+        )
+        print(
+            f"[sweep] {case.name}: default m{base.block_m} {default['config']}: {default['us']:.1f} us; "
+            f"failures: {sum(not r['ok'] for r in case_rows)}",
+            flush=True,
+        )
+        for r in ranked[:6]:
+            print(
+                f"    m{r['block_m']} {r['config']} p{r['parts']} mb{r['min_blocks']}: {r['us']:.1f} us "
+                f"({r['gbps']:.0f} GB/s, {r['tflops']:.0f} TFLOP/s)",
+                flush=True,
+            )
+        rows += case_rows
+    for name in ("_mla_decode_split_kernel",):
+        for module in _MODULES.values():
+            dump = dump_dir if dump_dir is not None and module.NUM_HEADS == 128 else None
+            for line in compiled_resources(getattr(module, name), dump):
+                print(f"[resources] {module.SPEC['name']} {name}: {line}")
+    return rows
+
+
+def plot(results: list[Result], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(12, 5))
+    names = [r.case for r in results]
+    xs = range(len(results))
+    ours = [(r.graph_us or r.us) for r in results]
+    ax.bar([x - 0.2 for x in xs], [r.eager_us for r in results], width=0.4, label="PyTorch eager")
+    ax.bar([x + 0.2 for x in xs], ours, width=0.4, label="mlagen (graph-replayed where marked)")
+    ax.set_yscale("log")
+    ax.set_ylabel("µs (median, log)")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(names, rotation=75, fontsize=7)
+    ax.legend()
+    ax.set_title(f"MLA decode, {torch.cuda.get_device_name()}, {datetime.date.today()}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    parser.add_argument("--quick", action="store_true", help="fewer B=128 cases")
+    parser.add_argument("--sweep", action="store_true", help="time the whole autotune space on key cases")
+    parser.add_argument("--compare-default", action="store_true", help="also time the untuned default config")
+    parser.add_argument("--only", default="", help="run only cases whose name contains one of these (a,b,...)")
+    parser.add_argument("--dump-ir", action="store_true", help="write TTGIR of two H=128 split kernels")
+    parser.add_argument("--no-suite", action="store_true", help="only the sweep, not the benchmark cases")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    gpu = torch.cuda.get_device_name()
+    meta = {
+        "gpu": gpu,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    print(f"# {gpu}, torch {torch.__version__}, triton {triton.__version__}, {meta['date']}", flush=True)
+    roof = roofline()
+    print(f"# roofline: copy {roof['copy_gbps']:.0f} GB/s, bf16 matmul {roof['matmul_tflops']:.0f} TFLOP/s", flush=True)
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        if args.sweep:
+            rows = sweep(tmp, gen, args.only, args.out if args.dump_ir else None)
+            (args.out / "decode_sweep.json").write_text(
+                json.dumps({**meta, "roofline": roof, "rows": rows}, indent=1, default=str)
+            )
+        results = []
+        for case in [] if args.no_suite else cases(args.quick):
+            if args.only and not any(part in case.name for part in args.only.split(",")):
+                continue
+            r = run_case(case, roof, tmp, args.compare_default, gen)
+            results.append(r)
+            print(
+                f"[done] {r.case}: {r.graph_us or r.us:.1f} us {'ok' if r.passed else 'FAIL ' + str(r.extra)}",
+                flush=True,
+            )
+            torch.cuda.empty_cache()
+    (args.out / "decode.json").write_text(
+        json.dumps({**meta, "roofline": roof, "results": [asdict(r) for r in results]}, indent=1)
+    )
+    plot(results, args.out / "decode.png")
+    print(
+        f"\n## Decode, {gpu}, {meta['date'][:10]}, bf16, page {PAGE_SIZE}; copy {roof['copy_gbps']:.0f} GB/s, "
+        f"matmul {roof['matmul_tflops']:.0f} TFLOP/s"
+    )
+    print("| case | config | µs | graph µs | GB/s | %copy | TFLOP/s | %mma | eager µs | speed-up | default µs | ok |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        g = f"{r.graph_us:.1f}" if r.graph_us is not None else "-"
+        d = f"{r.default_us:.1f}" if r.default_us is not None else "-"
+        print(
+            f"| {r.case} | {r.config} | {r.us:.1f} | {g} | {r.gbps:.0f} | {r.pct_copy:.0f}% | {r.tflops:.0f} | "
+            f"{r.pct_mma:.0f}% | {r.eager_us:.0f} | {r.speedup:.1f}x | {d} | "
+            f"{'yes' if r.passed else 'NO ' + r.extra.get('detail', '')} |"
+        )
+    failed = [r.case for r in results if not r.passed]
+    if failed:
+        print(f"FAILED correctness: {failed}")
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

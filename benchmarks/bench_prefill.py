@@ -1,0 +1,418 @@
+"""Prefill benchmark: generated mla_prefill vs PyTorch SDPA backends and FlexAttention, one GPU, one process.
+
+Causal, bf16, qk head dim 192 (Dn 128 + Dr 64) / v head dim 128 (DeepSeek-V3 geometry at TP8 and TP1:
+16 and 128 heads). For every case the generated kernel is first checked against an fp32 result on the
+same random inputs, then it and the baselines are timed with `triton.testing.do_bench` medians:
+
+* SDPA with each backend that accepts the shapes: cuDNN and memory-efficient take qk 192 / v 128 as is;
+  flash needs V padded to the qk width (the padding copy is not timed, the output is sliced);
+* FlexAttention (`torch.compile`d flex_attention with a causal block mask).
+
+TFLOP/s counts half the causal square: B * H * S^2 * (Dqk + Dv). Also times chunked prefill (a chunk
+of new tokens against a long cached latent prefix) and, with --sweep, a set of tile configurations.
+
+    python benchmarks/bench_prefill.py [--out DIR] [--quick] [--sweep]
+
+Writes prefill.json and prefill.png into DIR (default: $OUT, else ./out) and prints a table last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.testing
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
+from mlagen_compiler.reference import chunked_prefill, prefill_varlen  # noqa: E402
+from mlagen_compiler.registry import resolve_spec  # noqa: E402
+from mlagen_compiler.verify import compare  # noqa: E402
+
+SPECS = {16: "deepseek-v3-tp8", 128: "deepseek-v3-tp1"}
+SHAPES = [(1, 4096), (4, 4096), (1, 16384), (4, 8192)]  # (B, S)
+SWEEP = [  # (block_m, block_n, num_warps, num_stages)
+    (128, 64, 8, 2),
+    (128, 64, 8, 3),
+    (128, 64, 8, 4),
+    (128, 128, 8, 2),
+    (128, 128, 8, 3),
+    (128, 64, 4, 3),
+    (128, 32, 8, 3),
+    (64, 64, 4, 3),
+]
+
+
+def build_modules(tmp: Path) -> dict:
+    modules = {}
+    for heads, name in SPECS.items():
+        flat = resolve_spec(name).to_flat_dict()
+        spec = spec_from_dict({**flat, "kernels": ["prefill"], "name": f"{name}-bench"})
+        modules[heads] = import_module_from_path(compile_spec(spec, tmp))
+    return modules
+
+
+DRY_RUN = False
+
+
+def bench(fn) -> float:
+    """Median milliseconds."""
+    if DRY_RUN:  # CPU smoke test of this script: one timed call
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+
+
+def make_inputs(module, batch, seqlen, gen, device):
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    total = batch * seqlen
+    dt = module.DTYPE
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(dt)
+
+    q, k_nope, k_pe, v = rnd(total, heads, dn + dr), rnd(total, heads, dn), rnd(total, dr), rnd(total, heads, dv)
+    cu = torch.arange(0, batch + 1, device=device, dtype=torch.int32) * seqlen
+    return q, k_nope, k_pe, v, cu
+
+
+def dense(q, k_nope, k_pe, v, batch, seqlen):
+    """[B, H, S, D] views for SDPA / FlexAttention; the rope key broadcast to all heads (they need it)."""
+    heads = q.shape[1]
+    k = torch.cat([k_nope, k_pe[:, None, :].expand(-1, heads, -1)], dim=-1)
+
+    def bhsd(x):
+        return x.view(batch, seqlen, heads, x.shape[-1]).transpose(1, 2)
+
+    return bhsd(q), bhsd(k), bhsd(v)
+
+
+def small_reference_check(module, device, gen) -> dict:
+    """Varlen lengths around the tile sizes vs the fp64 reference, prefill and chunked prefill."""
+    lens = [1, 15, 17, 33] if DRY_RUN else [1, 63, 64, 65, 127, 129, 300, 1000]
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    dc = module.KV_LORA_RANK
+    total = sum(lens)
+    dt = module.DTYPE
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device).to(dt)
+
+    q, kn, kp, v = rnd(total, heads, dn + dr), rnd(total, heads, dn), rnd(total, dr), rnd(total, heads, dv)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    results = {}
+    out = torch.full((total, heads, dv), float("nan"), dtype=dt, device=device)
+    got, lse = module.mla_prefill(q, kn, kp, v, cu, max(lens), return_lse=True, out=out)
+    want, want_lse = prefill_varlen(q.double(), kn.double(), kp.double(), v.double(), cu.cpu(), module.SOFTMAX_SCALE)
+    _, rel, msg = compare(got, want, "bfloat16")
+    lse_err = float((lse.double() - want_lse).abs().max())
+    results["prefill"] = {"rel_err": rel, "lse_max_err": lse_err, "passed": not msg and lse_err < 1e-2, "msg": msg}
+
+    page = module.PAGE_SIZE
+    prefix = [0, 20, 3, 1] if DRY_RUN else [0, 700, 64, 1, 129, 2000, 63, 5]
+    pages = [max(1, -(-p // page)) for p in prefix]
+    perm = torch.randperm(sum(pages) + 3, generator=gen, device=device)
+    table = torch.zeros(len(prefix), max(pages), dtype=torch.int32, device=device)
+    used = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    cache = rnd(sum(pages) + 3, page, 1, dc + dr)
+    w_uk, w_uv = rnd(heads, dn, dc) / dc**0.5, rnd(heads, dv, dc) / dc**0.5
+    plen = torch.tensor(prefix, dtype=torch.int32, device=device)
+    got, lse = module.mla_chunked_prefill(q, kn, kp, v, cu, max(lens), cache, table, plen, w_uk, w_uv, return_lse=True)
+    want, want_lse = chunked_prefill(
+        q.double(), kn.double(), kp.double(), v.double(), cu.cpu(), cache.double(), table, plen.cpu(),
+        w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=dt,
+    )
+    _, rel, msg = compare(got, want, "bfloat16")
+    lse_err = float((lse.double() - want_lse).abs().max())
+    results["chunked"] = {"rel_err": rel, "lse_max_err": lse_err, "passed": not msg and lse_err < 1e-2, "msg": msg}
+
+    slots = torch.randperm(cache.shape[0] * page, generator=gen, device=device)[:total]
+    slots[::7] = -1
+    c_kv, k_pe = rnd(total, dc), rnd(total, dr)
+    before = cache.clone()
+    module.mla_cache_write(c_kv, k_pe, cache, slots)
+    expect = before.clone()
+    keep = slots >= 0
+    expect.view(-1, dc + dr)[slots[keep].long()] = torch.cat([c_kv, k_pe], -1)[keep]
+    results["cache_write"] = {"passed": bool(torch.equal(cache, expect))}
+    return results
+
+
+def sdpa_variants(qd, kd, vd):
+    """name -> callable for each SDPA backend (flash with V padded to the qk width, sliced after)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    dv, dqk = vd.shape[-1], qd.shape[-1]
+    v_pad = F.pad(vd, (0, dqk - dv)) if dv < dqk else vd
+
+    def run(backend, v_in, width):
+        def fn():
+            with sdpa_kernel([backend]):
+                return F.scaled_dot_product_attention(qd, kd, v_in, is_causal=True)[..., :width]
+
+        return fn
+
+    return {
+        "sdpa_cudnn": run(SDPBackend.CUDNN_ATTENTION, vd, dv),
+        "sdpa_efficient": run(SDPBackend.EFFICIENT_ATTENTION, vd, dv),
+        "sdpa_flash_vpad": run(SDPBackend.FLASH_ATTENTION, v_pad, dv),
+    }
+
+
+_FLEX = {}
+
+
+def flex_variant(qd, kd, vd, seqlen):
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    if "fn" not in _FLEX:
+        _FLEX["fn"] = torch.compile(flex_attention, dynamic=False)
+
+    def causal(b, h, q_idx, kv_idx):
+        return q_idx >= kv_idx
+
+    block_mask = create_block_mask(causal, B=None, H=None, Q_LEN=seqlen, KV_LEN=seqlen, device=qd.device)
+    return lambda: _FLEX["fn"](qd, kd, vd, block_mask=block_mask)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or "out")
+    parser.add_argument("--quick", action="store_true", help="only the first shape per head count")
+    parser.add_argument("--sweep", action="store_true", help="time every configuration in SWEEP")
+    parser.add_argument("--no-chunked", action="store_true")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU interpreter (tests the script)")
+    args = parser.parse_args()
+    global DRY_RUN, SHAPES, SWEEP
+    if args.dry_run:
+        DRY_RUN = True
+        SHAPES, SWEEP = [(1, 48), (2, 32)], [(16, 16, 4, 1), (32, 16, 4, 1)]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch._dynamo.config.cache_size_limit = 64
+    device = torch.device("cpu" if DRY_RUN else "cuda")
+    gpu = "cpu (dry run)" if DRY_RUN else torch.cuda.get_device_name()
+    meta = {
+        "gpu": gpu,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    print(f"# {gpu} | torch {torch.__version__} | triton {triton.__version__} | {meta['date']}", flush=True)
+    gen = torch.Generator(device=device).manual_seed(0)
+    rows, checks, sweeps, chunked = [], {}, [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        modules = build_modules(Path(tmp))
+        for heads, module in modules.items():
+            checks[heads] = small_reference_check(module, device, gen)
+            print(f"# reference check H={heads}: {json.dumps(checks[heads])}", flush=True)
+
+        shapes = SHAPES[:1] if args.quick else SHAPES
+        for heads, module in modules.items():
+            for batch, seqlen in shapes:
+                case = f"H={heads} B={batch} S={seqlen}"
+                q, kn, kp, v, cu = make_inputs(module, batch, seqlen, gen, device)
+                flops = batch * heads * seqlen**2 * (q.shape[-1] + v.shape[-1])
+                qd, kd, vd = dense(q, kn, kp, v, batch, seqlen)
+                # correctness of ours on this very shape vs fp32 memory-efficient SDPA
+                out = torch.full_like(v, float("nan"))
+                module.mla_prefill(q, kn, kp, v, cu, seqlen, out=out)
+                from torch.nn.attention import SDPBackend, sdpa_kernel
+
+                with sdpa_kernel([SDPBackend.MATH if DRY_RUN else SDPBackend.EFFICIENT_ATTENTION]):
+                    ref = F.scaled_dot_product_attention(
+                        qd.float(), kd.float(), vd.float(), is_causal=True, scale=module.SOFTMAX_SCALE
+                    )
+                ref = ref.transpose(1, 2).reshape(v.shape)
+                max_err, rel, msg = compare(out, ref, "bfloat16")
+                del ref
+                row = {"case": case, "heads": heads, "batch": batch, "seqlen": seqlen, "flops": flops,
+                       "max_err": max_err, "rel_err": rel, "passed": not msg, "impl": {}}
+                cfg = module.prefill_config(device)
+                row["config"] = list(cfg)
+                ms = bench(lambda: module.mla_prefill(q, kn, kp, v, cu, seqlen))
+                row["impl"]["mlagen"] = ms
+                if args.sweep:
+                    for c in SWEEP:
+                        try:
+                            t = bench(lambda c=c: module.mla_prefill(q, kn, kp, v, cu, seqlen, config=c))
+                        except Exception as error:  # noqa: BLE001 - a config may not compile
+                            t = None
+                            print(f"#   sweep {c}: {type(error).__name__}: {str(error)[:120]}")
+                        sweeps.append({"case": case, "config": list(c), "ms": t,
+                                       "tflops": flops / t / 1e9 if t else None})
+                        print(f"#   sweep {case} {c}: {t and round(flops / t / 1e9, 1)} TFLOP/s", flush=True)
+                for name, fn in sdpa_variants(qd, kd, vd).items():
+                    try:
+                        fn()
+                        row["impl"][name] = bench(fn)
+                    except Exception as error:  # noqa: BLE001 - backend does not take these shapes
+                        row["impl"][name] = None
+                        print(f"#   {name} {case}: not available ({type(error).__name__}: {str(error)[:100]})")
+                try:
+                    fn = flex_variant(qd, kd, vd, seqlen)
+                    fn()
+                    row["impl"]["flex"] = bench(fn)
+                except Exception as error:  # noqa: BLE001
+                    row["impl"]["flex"] = None
+                    print(f"#   flex {case}: failed ({type(error).__name__}: {str(error)[:200]})")
+                print(f"# {case}: " + ", ".join(
+                    f"{k} {flops / t / 1e9:.0f}" for k, t in row["impl"].items() if t) + " TFLOP/s", flush=True)
+                rows.append(row)
+                del q, kn, kp, v, qd, kd, vd, out
+                if not DRY_RUN:
+                    torch.cuda.empty_cache()
+
+        if not args.no_chunked:
+            for heads, module in modules.items():
+                try:
+                    sizes = {"chunk": 40, "prefix": 100} if DRY_RUN else {}
+                    chunked.append(time_chunked(module, device, gen, **sizes))
+                except Exception:  # noqa: BLE001
+                    traceback.print_exc()
+
+    report = {"meta": meta, "checks": {str(k): v for k, v in checks.items()}, "rows": rows, "sweep": sweeps,
+              "chunked": chunked}
+    (out_dir / "prefill.json").write_text(json.dumps(report, indent=2))
+    try:
+        plot(rows, out_dir / "prefill.png", gpu)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+    print_table(rows, chunked, meta)
+
+
+def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
+    """One sequence: `chunk` new tokens against a `prefix`-token cached latent prefix."""
+    heads, dn, dr, dv, dc = (module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM,
+                             module.V_HEAD_DIM, module.KV_LORA_RANK)
+    page = module.PAGE_SIZE
+    dt = module.DTYPE
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device).to(dt)
+
+    q, kn, kp, v = rnd(chunk, heads, dn + dr), rnd(chunk, heads, dn), rnd(chunk, dr), rnd(chunk, heads, dv)
+    cu = torch.tensor([0, chunk], dtype=torch.int32, device=device)
+    n_pages = -(-prefix // page)
+    cache = rnd(n_pages + 8, page, 1, dc + dr)
+    table = torch.randperm(n_pages + 8, generator=gen, device=device)[:n_pages].to(torch.int32)[None]
+    plen = torch.tensor([prefix], dtype=torch.int32, device=device)
+    w_uk, w_uv = rnd(heads, dn, dc) / dc**0.5, rnd(heads, dv, dc) / dc**0.5
+
+    def full():
+        return module.mla_chunked_prefill(q, kn, kp, v, cu, chunk, cache, table, plen, w_uk, w_uv)
+
+    out = full()
+    # check: equals causal attention of the chunk over prefix + chunk (fp32 memory-efficient SDPA)
+    cu_p = torch.tensor([0, prefix], dtype=torch.int32, device=device)
+    pk, pr, pv = module.expand_latent_prefix(cache, table, cu_p, prefix, w_uk, w_uv)
+    k_all = torch.cat([torch.cat([pk, kn]), torch.cat([pr, kp])[:, None, :].expand(-1, heads, -1)], -1)
+    v_all = torch.cat([pv, v])
+    mask = torch.ones(chunk, prefix + chunk, dtype=torch.bool, device=device).tril(prefix)
+    ref = F.scaled_dot_product_attention(
+        q.float().transpose(0, 1), k_all.float().transpose(0, 1), v_all.float().transpose(0, 1),
+        attn_mask=mask, scale=module.SOFTMAX_SCALE,
+    ).transpose(0, 1)
+    max_err, rel, msg = compare(out, ref, "bfloat16")
+    del ref, k_all, v_all
+    total_ms = bench(full)
+    expand_ms = bench(lambda: module.expand_latent_prefix(cache, table, cu_p, prefix, w_uk, w_uv))
+    attn_flops = heads * (chunk * prefix + chunk * chunk / 2) * 2 * (dn + dr + dv)
+    expand_flops = 2 * prefix * dc * heads * (dn + dv)
+    o_p = torch.empty(chunk, heads, dv, dtype=torch.float32, device=device)
+    l_p = torch.empty(heads, chunk, dtype=torch.float32, device=device)
+    cfg = module.prefill_config(device, "prefix")
+    prefix_ms = bench(lambda: module._launch_prefill(q, pk, pr, pv, cu, cu_p, chunk, o_p, l_p, module.SOFTMAX_SCALE,
+                                                     False, cfg))
+    result = {
+        "heads": heads, "chunk": chunk, "prefix": prefix, "total_ms": total_ms, "expand_ms": expand_ms,
+        "prefix_attn_ms": prefix_ms, "attn_flops": attn_flops, "expand_flops": expand_flops,
+        "attn_tflops_overall": attn_flops / total_ms / 1e9,
+        "prefix_attn_tflops": heads * chunk * prefix * 2 * (dn + dr + dv) / prefix_ms / 1e9,
+        "max_err": max_err, "rel_err": rel, "passed": not msg,
+    }
+    # FlexAttention on the same problem (keys already expanded: the expansion is not timed for it)
+    try:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        fn = _FLEX.setdefault("fn", torch.compile(flex_attention, dynamic=False))
+        k_all = torch.cat([torch.cat([pk, kn]), torch.cat([pr, kp])[:, None, :].expand(-1, heads, -1)], -1)
+        v_all = torch.cat([pv, v])
+        qd, kd, vd = (x.transpose(0, 1)[None] for x in (q, k_all, v_all))
+        bm = create_block_mask(lambda b, h, qi, ki: qi + prefix >= ki, B=None, H=None, Q_LEN=chunk,
+                               KV_LEN=prefix + chunk, device=device)
+        fn(qd, kd, vd, block_mask=bm)
+        result["flex_ms"] = bench(lambda: fn(qd, kd, vd, block_mask=bm))
+    except Exception as error:  # noqa: BLE001
+        result["flex_ms"] = None
+        print(f"#   flex chunked: failed ({type(error).__name__}: {str(error)[:200]})")
+    print(f"# chunked H={heads}: {json.dumps(result)}", flush=True)
+    return result
+
+
+NAMES = ["mlagen", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash_vpad", "flex"]
+
+
+def print_table(rows, chunked, meta) -> None:
+    print()
+    print(f"Prefill, causal, bf16, qk 192 / v 128 -- {meta['gpu']}, {meta['date']}, torch {meta['torch']}, "
+          f"triton {meta['triton']}; do_bench medians; TFLOP/s = B*H*S^2*(192+128)")
+    head = f"{'case':<22} {'config':<16} {'check':<6}" + "".join(f" {n:>17}" for n in NAMES) + f" {'vs flex':>8}"
+    print(head)
+    for r in rows:
+        cells = []
+        for n in NAMES:
+            t = r["impl"].get(n)
+            cells.append(f" {t * 1e3:>8.0f}us {r['flops'] / t / 1e9:>5.0f}T" if t else f" {'n/a':>17}")
+        flex, ours = r["impl"].get("flex"), r["impl"]["mlagen"]
+        speed = f"{flex / ours:>7.2f}x" if flex else f"{'n/a':>8}"
+        cfg = "m{}n{}w{}s{}".format(*r["config"])
+        print(f"{r['case']:<22} {cfg:<16} {'ok' if r['passed'] else 'FAIL':<6}" + "".join(cells) + f" {speed}")
+    for c in chunked:
+        flex = f", flex (keys pre-expanded) {c['flex_ms'] * 1e3:.0f} us" if c.get("flex_ms") else ""
+        print(f"chunked H={c['heads']}: {c['chunk']} new tokens over a {c['prefix']}-token prefix: "
+              f"{c['total_ms'] * 1e3:.0f} us total ({c['attn_tflops_overall']:.0f} attention TFLOP/s overall), "
+              f"of which expand {c['expand_ms'] * 1e3:.0f} us, prefix attention {c['prefix_attn_ms'] * 1e3:.0f} us "
+              f"({c['prefix_attn_tflops']:.0f} TFLOP/s){flex}; check {'ok' if c['passed'] else 'FAIL'} "
+              f"(rel {c['rel_err']:.1e})")
+
+
+def plot(rows, path: Path, gpu: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(12, 5))
+    width = 0.8 / len(NAMES)
+    for i, name in enumerate(NAMES):
+        vals = [r["flops"] / r["impl"][name] / 1e9 if r["impl"].get(name) else 0 for r in rows]
+        ax.bar([x + i * width for x in range(len(rows))], vals, width, label=name)
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(rows))])
+    ax.set_xticklabels([r["case"] for r in rows], rotation=20, ha="right")
+    ax.set_ylabel("TFLOP/s (causal, half square)")
+    ax.set_title(f"MLA prefill, bf16, qk 192 / v 128 -- {gpu}")
+    ax.legend()
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""Content-addressed cache of generated modules: `load(spec)` compiles a spec once, then reuses it.
+
+The key is the sha256 of everything that decides the generated source: the spec's canonical JSON (so
+YAML key order, comments and whitespace do not matter), the templates' digest, the mlagen version, the
+triton version and the tuned configurations rendered in (see `tuning.py`). An entry is a directory
+
+    <cache dir>/modules/<module name>-<key[:20]>/
+        <module name>.py      the generated module
+        manifest.json         the full key, what it was made from, and the sha256 of the module's bytes
+
+written under a per-key file lock (`<cache dir>/locks/`), each file atomically (temporary file +
+rename), the manifest last. A reader that finds a complete, intact entry imports it without locking;
+otherwise it takes the lock, looks again (another process may have just finished it) and builds it only
+if it is still missing. An entry whose module no longer matches the sha256 in its manifest (truncated,
+edited) is rebuilt with a `CacheIntegrityWarning`.
+
+Cache directory: `MLAGEN_CACHE_DIR`, else the platform's user cache directory (platformdirs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import warnings
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from ._version import __version__
+from .compile import atomic_write_text, import_module_from_path, module_source
+from .render import templates_digest
+from .spec import MLASpec
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CacheEntry",
+    "CacheError",
+    "CacheIntegrityWarning",
+    "cache_dir",
+    "cache_key",
+    "cached_module_path",
+    "clear_cache",
+    "list_entries",
+    "load",
+]
+
+CACHE_DIR_ENV = "MLAGEN_CACHE_DIR"
+#: bump when the layout of an entry or the composition of the key changes
+CACHE_FORMAT = 1
+LOCK_TIMEOUT_S = 300.0
+MANIFEST = "manifest.json"
+
+
+class CacheError(OSError):
+    """The cache cannot be used (lock timeout, unwritable directory); reported as one line by the CLI."""
+
+
+class CacheIntegrityWarning(UserWarning):
+    """A cache entry did not match its recorded hash and was rebuilt."""
+
+
+def cache_dir() -> Path:
+    env = os.environ.get(CACHE_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("mlagen", appauthor=False))
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+def key_inputs(spec: MLASpec, tuned: Mapping[str, Any] | None, *, triton: str | None = None) -> dict[str, Any]:
+    """Everything the key covers, as plain data (also recorded in the manifest)."""
+    from .tuning import triton_version
+
+    return {
+        "format": CACHE_FORMAT,
+        "spec": spec.canonical_json(),
+        "templates": templates_digest(),
+        "mlagen": __version__,
+        "triton": triton if triton is not None else triton_version(),
+        "tuned": _canonical(tuned or {}),
+    }
+
+
+def cache_key(spec: MLASpec, tuned: Mapping[str, Any] | None = None, *, triton: str | None = None) -> str:
+    return hashlib.sha256(_canonical(key_inputs(spec, tuned, triton=triton)).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    key: str
+    directory: Path
+    module_path: Path
+    manifest: dict[str, Any]
+
+
+def _entry_dir(root: Path, spec: MLASpec, key: str) -> Path:
+    return root / "modules" / f"{spec.module_name}-{key[:20]}"
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _check_entry(directory: Path, module_file: str, key: str) -> str | None:
+    """None when the entry is complete and intact, else why not ('missing' when absent)."""
+    module_path = directory / module_file
+    manifest_path = directory / MANIFEST
+    if not module_path.exists() and not manifest_path.exists():
+        return "missing"
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except FileNotFoundError:
+        return "manifest.json is missing"
+    except (OSError, ValueError) as error:
+        return f"manifest.json is unreadable ({error})"
+    if not isinstance(manifest, dict) or manifest.get("key") != key:
+        return "manifest.json does not belong to this key"
+    try:
+        data = module_path.read_bytes()
+    except FileNotFoundError:
+        return f"{module_file} is missing"
+    if _sha256(data) != manifest.get("sha256"):
+        return f"{module_file} does not match its recorded sha256 ({len(data)} bytes, expected {manifest.get('size')})"
+    return None
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    path: Path
+    key: str
+    built: bool
+
+
+def cached_module_path(
+    spec: MLASpec,
+    tuned: Mapping[str, Any] | None = None,
+    *,
+    root: str | Path | None = None,
+) -> LookupResult:
+    """The path of the cached module for (spec, tuned), building the entry if it is missing or damaged."""
+    from filelock import FileLock, Timeout
+
+    root = Path(root) if root is not None else cache_dir()
+    key = cache_key(spec, tuned)
+    directory = _entry_dir(root, spec, key)
+    module_file = f"{spec.module_name}.py"
+    path = directory / module_file
+    if _check_entry(directory, module_file, key) is None:  # fast path: no lock
+        return LookupResult(path, key, built=False)
+
+    locks = root / "locks"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(locks / f"{directory.name}.lock"), timeout=LOCK_TIMEOUT_S)
+        with lock:
+            problem = _check_entry(directory, module_file, key)  # re-check: someone may have built it
+            if problem is None:
+                return LookupResult(path, key, built=False)
+            if problem != "missing":
+                warnings.warn(
+                    f"mlagen cache entry {directory} is damaged ({problem}); rebuilding it",
+                    CacheIntegrityWarning,
+                    stacklevel=3,
+                )
+            source = module_source(spec, dict(tuned) if tuned else None)
+            data = source.encode()
+            inputs = key_inputs(spec, tuned)
+            manifest = {
+                "key": key,
+                "module": module_file,
+                "spec_name": spec.name,
+                "spec_hash": spec.content_hash(),
+                "mlagen": inputs["mlagen"],
+                "triton": inputs["triton"],
+                "templates": inputs["templates"],
+                "tuned": tuned or {},
+                "sha256": _sha256(data),
+                "size": len(data),
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            }
+            (directory / MANIFEST).unlink(missing_ok=True)  # the manifest is written last: it marks completion
+            atomic_write_text(path, source)
+            atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+            return LookupResult(path, key, built=True)
+    except Timeout:
+        raise CacheError(
+            f"could not lock the mlagen cache entry for '{spec.name}' within {LOCK_TIMEOUT_S:.0f} s "
+            f"({locks}); is another process stuck?"
+        ) from None
+
+
+def load(
+    spec: str | Path | MLASpec,
+    *,
+    spec_dirs: Iterable[str | Path] = (),
+    tuned: Mapping[str, Any] | None = None,
+    tuning_dbs: Iterable[str | Path] | None = None,
+) -> ModuleType:
+    """The generated module for a spec (object, YAML path or registered name), compiled only on a cache miss.
+
+    spec_dirs: extra directories of registered specs (besides the bundled ones and `MLAGEN_SPEC_PATH`).
+    tuned: tuned configurations to render in ({kernel: {"<gpu>|<bucket>": config}}); default: those the
+    tuning databases (`tuning_dbs`, default shipped + user database) record for this spec.
+    Loading never tunes: run `mlagen tune` for that.
+    """
+    from .registry import resolve_spec
+    from .tuning import tuned_for_spec
+
+    resolved = resolve_spec(spec, spec_dirs)
+    if tuned is None:
+        tuned = tuned_for_spec(resolved, tuning_dbs)
+    result = cached_module_path(resolved, tuned)
+    return import_module_from_path(result.path, f"mlagen_cache.{resolved.module_name}_{result.key[:16]}")
+
+
+# ---- inspection (mlagen cache info | clear) -------------------------------------------------------------
+def list_entries(root: str | Path | None = None) -> list[CacheEntry]:
+    root = Path(root) if root is not None else cache_dir()
+    entries = []
+    for directory in sorted((root / "modules").glob("*")):
+        if not directory.is_dir():
+            continue
+        try:
+            manifest = json.loads((directory / MANIFEST).read_text())
+            module_path = directory / manifest["module"]
+            key = manifest["key"]
+        except (OSError, ValueError, KeyError, TypeError):
+            manifest, module_path, key = {}, directory, ""
+        entries.append(CacheEntry(key, directory, module_path, manifest))
+    return entries
+
+
+def entry_is_intact(entry: CacheEntry) -> bool:
+    return bool(entry.key) and _check_entry(entry.directory, entry.module_path.name, entry.key) is None
+
+
+def directory_size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def clear_cache(root: str | Path | None = None) -> int:
+    """Remove every cached module (not the tuning database); returns how many entries were removed.
+
+    Each entry is removed under its lock, so a process building it at the same time is not disturbed.
+    """
+    from filelock import FileLock
+
+    root = Path(root) if root is not None else cache_dir()
+    removed = 0
+    (root / "locks").mkdir(parents=True, exist_ok=True)
+    for directory in sorted((root / "modules").glob("*")):
+        if not directory.is_dir():
+            continue
+        with FileLock(str(root / "locks" / f"{directory.name}.lock"), timeout=LOCK_TIMEOUT_S):
+            shutil.rmtree(directory, ignore_errors=True)
+        removed += 1
+    # the lock files stay: deleting one that another process holds would let a third one in beside it
+    return removed
