@@ -34,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
 from mlagen_compiler.reference import decode_paged_batched  # noqa: E402
 from mlagen_compiler.registry import resolve_spec  # noqa: E402
+from mlagen_compiler.tuning import tuned_for_spec  # noqa: E402
 from mlagen_compiler.verify import compare  # noqa: E402
 
 PAGE_SIZE = 64
@@ -96,7 +97,7 @@ def cases(quick: bool) -> list[Case]:
                     out.append(
                         Case(
                             f"H{h} B128 S{s} Sq{sq} {tag}",
-                            "deepseek-v3-tp8",
+                            v3_spec(h),
                             h,
                             lengths(128, s, varlen, gen),
                             sq,
@@ -105,7 +106,7 @@ def cases(quick: bool) -> list[Case]:
                     )
     for b in (1, 8):
         for h in (16, 128):
-            out.append(Case(f"H{h} B{b} S8192 graph", "deepseek-v3-tp8", h, [8192] * b, graph=True))
+            out.append(Case(f"H{h} B{b} S8192 graph", v3_spec(h), h, [8192] * b, graph=True))
     out.append(Case("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64))
     out.append(Case("H16 skewed4 Sq4 graph", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 4, graph=True))
     out.append(Case("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128))
@@ -129,12 +130,19 @@ _MODULES: dict[tuple[str, int], object] = {}
 
 
 def module_for(spec_name: str, num_heads: int, tmp: Path):
+    """The bundled spec (with its shipped tuned configurations), or one derived from it with num_heads."""
     key = (spec_name, num_heads)
     if key not in _MODULES:
-        base = resolve_spec(spec_name).to_flat_dict()
-        spec = spec_from_dict({**base, "name": f"{spec_name}-h{num_heads}", "num_heads": num_heads})
-        _MODULES[key] = import_module_from_path(compile_spec(spec, tmp / f"{spec.name}"))
+        spec = resolve_spec(spec_name)
+        if spec.num_heads != num_heads:
+            spec = spec_from_dict({**spec.to_flat_dict(), "name": f"{spec_name}-h{num_heads}", "num_heads": num_heads})
+        _MODULES[key] = import_module_from_path(compile_spec(spec, tmp / spec.name, tuned_for_spec(spec)))
     return _MODULES[key]
+
+
+def v3_spec(num_heads: int) -> str:
+    """DeepSeek-V3 geometry at the tensor-parallel degree that leaves num_heads heads per rank."""
+    return f"deepseek-v3-tp{128 // num_heads}"
 
 
 def make_inputs(module, seqlens: list[int], seqlen_q: int, gen: torch.Generator):
@@ -293,7 +301,7 @@ def sweep(tmp: Path, gen: torch.Generator, only: str = "", dump_dir: Path | None
     rows = []
     key_cases = [
         Case("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
-        Case("H128 B128 S8192", "deepseek-v3-tp8", 128, [8192] * 128),
+        Case("H128 B128 S8192", "deepseek-v3-tp1", 128, [8192] * 128),
         Case("H16 B1 S8192 graph", "deepseek-v3-tp8", 16, [8192], graph=True),
         Case("H16 skewed Sq4 graph", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 4, graph=True),
         Case("Mistral H32 B128", "mistral-small-4", 32, [8192] * 128),

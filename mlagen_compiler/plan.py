@@ -192,10 +192,10 @@ def _decode_space(block_m: int, dc_pad: int, tiles: DecodeTiles, pinned: bool) -
     deep pipelines are dropped where they cannot fit the 227 KB of an H100 SM. Returns () when nothing
     fits (then this block_m is not offered), unless the user pinned knobs.
     """
-    block_ns = _pinned((16, 32, 64, 128), tiles.block_n)
-    # 16 warps (four warpgroups) split a 64 x 512 fp32 accumulator to 64 registers a thread
-    wide = block_m >= 32 and dc_pad >= 512
-    warps = _pinned((4, 8, 16) if wide else (4, 8), tiles.num_warps)
+    # Pruned by an H100 sweep (2026-11-22): 16-token tiles only pay for mma.sync row blocks (< 64 rows),
+    # and 16 warps only where the accumulator needs them (a 1024-wide latent); elsewhere they always lost.
+    block_ns = _pinned((16, 32, 64, 128) if block_m < 64 else (32, 64, 128), tiles.block_n)
+    warps = _pinned((4, 8, 16) if dc_pad >= 1024 else (4, 8), tiles.num_warps)
     stages = _pinned((1, 2, 3), tiles.num_stages)
     out = []
     for n in block_ns:

@@ -11,7 +11,7 @@ from mlagen_compiler.registry import registered_specs, resolve_kernel, resolve_s
 from mlagen_compiler.render import bundled_spec_dir
 from mlagen_compiler.spec import MLASpec, SpecError
 
-BUNDLED = ["deepseek-v2", "deepseek-v2-lite", "deepseek-v3-tp1", "deepseek-v3-tp8", "kimi-k2", "mistral-small-4"]
+BUNDLED = ["deepseek-v2", "deepseek-v2-lite", "deepseek-v3-tp1", "deepseek-v3-tp2", "deepseek-v3-tp4", "deepseek-v3-tp8", "kimi-k2", "mistral-small-4"]
 USER_SPEC = """\
 name: {name}
 num_heads: {heads}
@@ -50,7 +50,7 @@ def test_name_kernel_and_path_and_object():
 @pytest.mark.parametrize(
     ("arg", "fragments"),
     [
-        ("deepseek-v3", ["did you mean", "deepseek-v3-tp8", "deepseek-v3-tp1"]),
+        ("deepseek-v3", ["did you mean", "deepseek-v3-tp8", "deepseek-v3-tp4"]),
         ("kimi-k3/decode", ["did you mean kimi-k2"]),
         ("zzzzzz", ["registered: deepseek-v2, deepseek-v2-lite"]),
         ("deepseek-v3-tp8/prefil", ["does not emit a 'prefil' kernel", "deepseek-v3-tp8/decode"]),

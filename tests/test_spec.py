@@ -131,6 +131,8 @@ def test_bundled_specs_cover_design_geometries():
         "deepseek-v2-lite": (16, None, 512, 64, 128, 128),
         "deepseek-v3-tp1": (128, 1536, 512, 64, 128, 128),
         "deepseek-v3-tp8": (16, 1536, 512, 64, 128, 128),
+        "deepseek-v3-tp4": (32, 1536, 512, 64, 128, 128),
+        "deepseek-v3-tp2": (64, 1536, 512, 64, 128, 128),
         "kimi-k2": (64, 1536, 512, 64, 128, 128),
         "mistral-small-4": (32, 1024, 256, 64, 64, 128),
     }
