@@ -194,7 +194,7 @@ DECODE_SPACE = {16: [(16, 4, 1),
 DECODE_DEFAULTS = {16: (32, 4, 3), 32: (64, 4, 2), 64: (64, 8, 2)}
 DECODE_INTERPRETER_CONFIG = (16, 4, 1)
 #: tuned configurations: (gpu name, bucket) -> (block_n, num_warps, num_stages)
-DECODE_TUNED = {}
+DECODE_TUNED = {('NVIDIA H100 80GB HBM3', 'm64'): (64, 8, 2)}
 
 
 @triton.jit
@@ -668,7 +668,7 @@ PREFILL_TUNED = {}
 
 @triton.jit
 def _load_tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    """Load a 2-D tile with only the masks it needs: no mask at all on the hot path."""
+    """Load a 2-D tile through a tensor of pointers with only the masks it needs."""
     if MASK_ROWS:
         if MASK_COLS:
             return tl.load(ptrs, mask=rows_ok[:, None] & cols_ok[None, :], other=0.0)
@@ -682,29 +682,45 @@ def _load_tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.co
 
 
 @triton.jit
+def _load_block(block, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
+    """Load through a block pointer, zero-filling rows / columns outside the tensor only where asked."""
+    if MASK_ROWS:
+        if MASK_COLS:
+            return tl.load(block, boundary_check=(0, 1), padding_option="zero")
+        else:
+            return tl.load(block, boundary_check=(0,), padding_option="zero")
+    else:
+        if MASK_COLS:
+            return tl.load(block, boundary_check=(1,), padding_option="zero")
+        else:
+            return tl.load(block)
+
+
+@triton.jit
 def _prefill_attend(
     acc, l_i, m_i, q_n, q_r,
-    kn_ptrs, kr_ptrs, v_ptrs,  # [BLOCK_N, *] tiles at key `lo`; advanced by BLOCK_N keys per step
-    stride_kn_t, stride_kr_t, stride_v_t,
+    kn_block, kr_block, v_block,  # block pointers at key 0 of this sequence: [BLOCK_N, D_PAD] tiles
     q_pos, seqlen_k, lo, hi, qk_scale,
-    DN: tl.constexpr, DR: tl.constexpr, DV: tl.constexpr,
-    DN_PAD: tl.constexpr, DR_PAD: tl.constexpr, DV_PAD: tl.constexpr,
+    MASK_DN: tl.constexpr, MASK_DR: tl.constexpr, MASK_DV: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """Online softmax over key blocks [lo, hi). MASKED: mask keys past seqlen_k (and, CAUSAL, past q_pos)."""
+    """Online softmax over key blocks [lo, hi). MASKED: mask keys past seqlen_k (and, CAUSAL, past q_pos).
+
+    Block pointers carry only scalar offsets through the loop (a tensor of BLOCK_N x D pointers would
+    hold 2 registers per element per thread), and their loads zero-fill outside the sequence.
+    """
     offs_n = tl.arange(0, BLOCK_N)
-    dn_ok = tl.arange(0, DN_PAD) < DN
-    dr_ok = tl.arange(0, DR_PAD) < DR
-    dv_ok = tl.arange(0, DV_PAD) < DV
+    kn_block = tl.advance(kn_block, (lo, 0))
+    kr_block = tl.advance(kr_block, (lo, 0))
+    v_block = tl.advance(v_block, (lo, 0))
     for start in range(lo, hi, BLOCK_N):
-        keys = start + offs_n
-        key_ok = keys < seqlen_k
-        k_n = _load_tile(kn_ptrs, key_ok, dn_ok, MASKED, DN != DN_PAD)
-        k_r = _load_tile(kr_ptrs, key_ok, dr_ok, MASKED, DR != DR_PAD)
+        k_n = _load_block(kn_block, MASKED, MASK_DN)
+        k_r = _load_block(kr_block, MASKED, MASK_DR)
         scores = _mma(q_n, tl.trans(k_n), UPCAST)
         scores = _mma_acc(q_r, tl.trans(k_r), scores, UPCAST)
         if MASKED:
-            visible = key_ok[None, :]
+            keys = start + offs_n
+            visible = (keys < seqlen_k)[None, :]
             if CAUSAL:
                 visible = visible & (keys[None, :] <= q_pos[:, None])
             scores = tl.where(visible, scores * qk_scale, float("-inf"))
@@ -718,13 +734,13 @@ def _prefill_attend(
             p = tl.math.exp2(scores * qk_scale - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_t = _load_tile(v_ptrs, key_ok, dv_ok, MASKED, DV != DV_PAD)
+        v_t = _load_block(v_block, MASKED, MASK_DV)
         acc = _mma_acc(p.to(v_t.dtype), v_t, acc * alpha[:, None], UPCAST)
         m_i = m_new
-        kn_ptrs += BLOCK_N * stride_kn_t
-        kr_ptrs += BLOCK_N * stride_kr_t
-        v_ptrs += BLOCK_N * stride_v_t
-    return acc, l_i, m_i, kn_ptrs, kr_ptrs, v_ptrs
+        kn_block = tl.advance(kn_block, (BLOCK_N, 0))
+        kr_block = tl.advance(kr_block, (BLOCK_N, 0))
+        v_block = tl.advance(v_block, (BLOCK_N, 0))
+    return acc, l_i, m_i
 
 
 @triton.jit
@@ -756,7 +772,6 @@ def _mla_prefill_kernel(
         return
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_dn = tl.arange(0, DN_PAD)
     offs_dr = tl.arange(0, DR_PAD)
     offs_dv = tl.arange(0, DV_PAD)
@@ -765,10 +780,14 @@ def _mla_prefill_kernel(
     q_rows = Q + (q_start + offs_m).to(tl.int64) * stride_q_t + head * stride_q_h
     q_n = _load_tile(q_rows[:, None] + offs_dn[None, :], row_ok, offs_dn < DN, True, DN != DN_PAD)
     q_r = _load_tile(q_rows[:, None] + DN + offs_dr[None, :], row_ok, offs_dr < DR, True, DR != DR_PAD)
-    keys = (k_start + offs_n).to(tl.int64)
-    kn_ptrs = K_NOPE + keys[:, None] * stride_kn_t + head * stride_kn_h + offs_dn[None, :]
-    kr_ptrs = K_PE + keys[:, None] * stride_kr_t + offs_dr[None, :]  # shared by all heads
-    v_ptrs = V + keys[:, None] * stride_v_t + head * stride_v_h + offs_dv[None, :]
+    # this sequence's keys of this head as [seqlen_k, D] matrices; k_pe has no head: all heads share it
+    k_start = k_start.to(tl.int64)  # element offsets of packed tensors may pass 2^31
+    kn_block = tl.make_block_ptr(K_NOPE + k_start * stride_kn_t + head * stride_kn_h, (seqlen_k, DN),
+                                 (stride_kn_t, 1), (0, 0), (BLOCK_N, DN_PAD), (1, 0))
+    kr_block = tl.make_block_ptr(K_PE + k_start * stride_kr_t, (seqlen_k, DR),
+                                 (stride_kr_t, 1), (0, 0), (BLOCK_N, DR_PAD), (1, 0))
+    v_block = tl.make_block_ptr(V + k_start * stride_v_t + head * stride_v_h, (seqlen_k, DV),
+                                (stride_v_t, 1), (0, 0), (BLOCK_N, DV_PAD), (1, 0))
 
     if CAUSAL:
         # queries and keys are the same tokens: key j is visible to query i iff j <= i. Keys before m0
@@ -783,15 +802,13 @@ def _mla_prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
-    acc, l_i, m_i, kn_ptrs, kr_ptrs, v_ptrs = _prefill_attend(
-        acc, l_i, m_i, q_n, q_r, kn_ptrs, kr_ptrs, v_ptrs, stride_kn_t, stride_kr_t, stride_v_t,
-        offs_m, seqlen_k, 0, full_end, qk_scale,
-        DN, DR, DV, DN_PAD, DR_PAD, DV_PAD, False, CAUSAL, BLOCK_N, UPCAST,
+    acc, l_i, m_i = _prefill_attend(
+        acc, l_i, m_i, q_n, q_r, kn_block, kr_block, v_block, offs_m, seqlen_k, 0, full_end, qk_scale,
+        DN != DN_PAD, DR != DR_PAD, DV != DV_PAD, False, CAUSAL, BLOCK_N, UPCAST,
     )
-    acc, l_i, m_i, kn_ptrs, kr_ptrs, v_ptrs = _prefill_attend(
-        acc, l_i, m_i, q_n, q_r, kn_ptrs, kr_ptrs, v_ptrs, stride_kn_t, stride_kr_t, stride_v_t,
-        offs_m, seqlen_k, full_end, hi, qk_scale,
-        DN, DR, DV, DN_PAD, DR_PAD, DV_PAD, True, CAUSAL, BLOCK_N, UPCAST,
+    acc, l_i, m_i = _prefill_attend(
+        acc, l_i, m_i, q_n, q_r, kn_block, kr_block, v_block, offs_m, seqlen_k, full_end, hi, qk_scale,
+        DN != DN_PAD, DR != DR_PAD, DV != DV_PAD, True, CAUSAL, BLOCK_N, UPCAST,
     )
 
     # a row that saw no key (only with seqlen_k == 0) gets zeros and lse = -inf
