@@ -56,6 +56,7 @@ SWEEP = [  # (block_m, block_n, num_warps, num_stages)
 ]
 
 
+SWEEP_NO_TMA = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3)]  # block pointers instead of TMA
 SWEEP_PREFIX = [(128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 3), (64, 64, 4, 3)]
 
 
@@ -208,6 +209,7 @@ def main() -> None:
         DRY_RUN = True
         SHAPES, SWEEP = [(1, 48), (2, 32)], [(16, 16, 4, 1), (32, 16, 4, 1)]
         SWEEP_PREFIX[:] = [(16, 16, 4, 1)]
+        SWEEP_NO_TMA[:] = [(16, 16, 4, 1)]
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 64
@@ -254,16 +256,20 @@ def main() -> None:
                 ms = bench(lambda: module.mla_prefill(q, kn, kp, v, cu, seqlen))
                 row["impl"]["mlagen"] = ms
                 if args.sweep:
-                    for c in SWEEP:
+                    scale = module.SOFTMAX_SCALE
+                    variants = [(c, True) for c in SWEEP] + [(c, False) for c in SWEEP_NO_TMA]
+                    for c, tma in variants:
                         try:
-                            t = bench(lambda c=c: module.mla_prefill(q, kn, kp, v, cu, seqlen, config=c))
+                            t = bench(lambda c=c, tma=tma: module._launch_prefill(
+                                q, kn, kp, v, cu, cu, seqlen, out, None, scale, True, c, tma))
                         except Exception as error:  # noqa: BLE001 - a config may not compile
                             t = None
                             print(f"#   sweep {c}: {type(error).__name__}: {str(error)[:120]}")
-                        sweeps.append({"case": case, "config": list(c), "ms": t,
+                        sweeps.append({"case": case, "config": list(c), "tma": tma, "ms": t,
                                        "tflops": flops / t / 1e9 if t else None})
-                        print(f"#   sweep {case} {c}: {t and round(flops / t / 1e9, 1)} TFLOP/s", flush=True)
-                    timed = [x for x in sweeps if x["case"] == case and x["ms"]]
+                        print(f"#   sweep {case} {c} tma={tma}: {t and round(flops / t / 1e9, 1)} TFLOP/s",
+                              flush=True)
+                    timed = [x for x in sweeps if x["case"] == case and x["ms"] and x["tma"]]
                     if timed:
                         best = min(timed, key=lambda x: x["ms"])
                         row["best_swept"] = {"config": best["config"], "ms": best["ms"]}

@@ -146,6 +146,10 @@ DECODE_MIN_BLOCKS_PER_PART = {(16, 16): 5,
 #: fetch whole-page cache blocks with TMA tensor descriptors (MLAGEN_DECODE_TMA=0 turns it off)
 DECODE_USE_TMA = os.environ.get("MLAGEN_DECODE_TMA", "1") != "0"
 DECODE_Q_TMA_MIN_BLOCK_M = 64
+#: latency regime: batches of at most DECODE_SMALL_BATCH sequences (see get_decode_schedule)
+DECODE_SMALL_BATCH = 8
+DECODE_SMALL_BLOCK_M = 16
+DECODE_SMALL_DEFAULTS = {16: (64, 8, 1), 32: (64, 4, 2), 64: (64, 8, 2)}
 #: autotune space: block_m -> [(block_n, num_warps, num_stages), ...]
 DECODE_SPACE = {16: [(16, 4, 1),
       (16, 4, 2),
@@ -462,9 +466,9 @@ class DecodeSchedule:
                 f"config={self.config}, combine_tile={self.combine_tile})")
 
 
-def decode_bucket(block_m):
-    """The key that tuned configurations are recorded under."""
-    return f"m{block_m}"
+def decode_bucket(block_m, small=False):
+    """The key that tuned configurations are recorded under (small: the latency regime)."""
+    return f"m{block_m}-small" if small else f"m{block_m}"
 
 
 def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, config=None,
@@ -481,8 +485,13 @@ def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, 
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     rows = seqlen_q * NUM_HEADS
+    # latency regime: few sequences, so the work is spread by splitting the cache finely and, where the
+    # rows fit one block, by short row blocks (more programs, each on the cheaper mma.sync path)
+    small = batch_size <= DECODE_SMALL_BATCH
     if block_m is None:
         block_m = min(DECODE_MAX_BLOCK_M, max(DECODE_MIN_BLOCK_M, _next_pow2(rows)))
+        if small and rows <= DECODE_MAX_BLOCK_M:
+            block_m = DECODE_SMALL_BLOCK_M
     _check(block_m in DECODE_SPACE, "block_m", f"must be one of {sorted(DECODE_SPACE)}, got {block_m!r}")
     row_blocks = triton.cdiv(rows, block_m)
     if num_parts is None:
@@ -492,10 +501,11 @@ def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, 
         if _INTERPRET or device.type != "cuda":
             config = DECODE_INTERPRETER_CONFIG
         else:
-            config = DECODE_TUNED.get((_gpu_name(device), decode_bucket(block_m)), DECODE_DEFAULTS[block_m])
+            fallback = (DECODE_SMALL_DEFAULTS if small else DECODE_DEFAULTS)[block_m]
+            config = DECODE_TUNED.get((_gpu_name(device), decode_bucket(block_m, small)), fallback)
     _check(len(config) == 3, "config", f"expected (block_n, num_warps, num_stages), got {config!r}")
     if min_blocks_per_part is None:
-        min_blocks_per_part = DECODE_MIN_BLOCKS_PER_PART.get((block_m, config[0]), 1)
+        min_blocks_per_part = 1 if small else DECODE_MIN_BLOCKS_PER_PART.get((block_m, config[0]), 1)
     return DecodeSchedule(batch_size, seqlen_q, block_m, num_parts, min_blocks_per_part, tuple(config),
                           _sm_count(device))
 
@@ -646,18 +656,17 @@ PREFILL_SPACE = [(64, 32, 4, 1),
  (128, 64, 4, 1),
  (128, 64, 4, 2),
  (128, 64, 4, 3),
- (128, 64, 4, 4),
  (128, 64, 8, 1),
  (128, 64, 8, 2),
  (128, 64, 8, 3),
- (128, 64, 8, 4),
- (128, 128, 8, 1),
- (128, 128, 8, 2)]
+ (128, 128, 8, 1)]
 #: untuned default
 PREFILL_DEFAULT = (128, 64, 8, 3)
 PREFILL_INTERPRETER_CONFIG = (16, 16, 4, 1)
 #: tuned configurations: (gpu name, bucket) -> (block_m, block_n, num_warps, num_stages)
 PREFILL_TUNED = {}
+#: fetch key / value tiles with TMA tensor descriptors where the layout allows (MLAGEN_PREFILL_TMA=0: off)
+PREFILL_USE_TMA = os.environ.get("MLAGEN_PREFILL_TMA", "1") != "0"
 
 
 @triton.jit
@@ -694,22 +703,32 @@ def _load_block(block, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
 def _prefill_attend(
     acc, l_i, m_i, q_n, q_r,
     kn_block, kr_block, v_block,  # block pointers at key 0 of this sequence: [BLOCK_N, D_PAD] tiles
+    KN_DESC, KR_DESC, V_DESC, k_start, head,  # TMA descriptors of the packed [T, H*D] / [T, Dr] tensors
     q_pos, seqlen_k, lo, hi, qk_scale,
+    DN: tl.constexpr, DV: tl.constexpr,
     MASK_DN: tl.constexpr, MASK_DR: tl.constexpr, MASK_DV: tl.constexpr,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED: mask keys past seqlen_k (and, CAUSAL, past q_pos).
 
-    Block pointers carry only scalar offsets through the loop (a tensor of BLOCK_N x D pointers would
-    hold 2 registers per element per thread), and their loads zero-fill outside the sequence.
+    Tiles come through TMA descriptors (USE_TMA) or block pointers; both carry only scalar offsets
+    through the loop (a tensor of BLOCK_N x D pointers would hold 2 registers per element per thread).
+    Block-pointer loads zero-fill outside the sequence. TMA tiles may hold rows of the next sequence
+    (their probabilities are 0 under the mask) and, where a head dim is padded, columns of the next head:
+    they meet the query's zero-padded columns (scores) or land in output columns never stored (values).
     """
     offs_n = tl.arange(0, BLOCK_N)
     kn_block = tl.advance(kn_block, (lo, 0))
     kr_block = tl.advance(kr_block, (lo, 0))
     v_block = tl.advance(v_block, (lo, 0))
     for start in range(lo, hi, BLOCK_N):
-        k_n = _load_block(kn_block, MASKED, MASK_DN)
-        k_r = _load_block(kr_block, MASKED, MASK_DR)
+        if USE_TMA:
+            k_n = KN_DESC.load([k_start + start, head * DN])
+            k_r = KR_DESC.load([k_start + start, 0])
+        else:
+            k_n = _load_block(kn_block, MASKED, MASK_DN)
+            k_r = _load_block(kr_block, MASKED, MASK_DR)
         scores = _mma(q_n, tl.trans(k_n), UPCAST)
         scores = _mma_acc(q_r, tl.trans(k_r), scores, UPCAST)
         if MASKED:
@@ -728,7 +747,10 @@ def _prefill_attend(
             p = tl.math.exp2(scores * qk_scale - m_ref[:, None])
         alpha = tl.math.exp2(m_i - m_ref)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v_t = _load_block(v_block, MASKED, MASK_DV)
+        if USE_TMA:
+            v_t = V_DESC.load([k_start + start, head * DV])
+        else:
+            v_t = _load_block(v_block, MASKED, MASK_DV)
         acc = _mma_acc(p.to(v_t.dtype), v_t, acc * alpha[:, None], UPCAST)
         m_i = m_new
         kn_block = tl.advance(kn_block, (BLOCK_N, 0))
@@ -739,7 +761,7 @@ def _prefill_attend(
 
 @triton.jit
 def _mla_prefill_kernel(
-    Q, K_NOPE, K_PE, V, OUT, LSE, CU_Q, CU_K,
+    Q, K_NOPE, K_PE, V, KN_DESC, KR_DESC, V_DESC, OUT, LSE, CU_Q, CU_K,
     qk_scale,  # softmax scale * log2(e): the kernel works in base 2
     stride_q_t, stride_q_h,
     stride_kn_t, stride_kn_h,
@@ -750,7 +772,7 @@ def _mla_prefill_kernel(
     H: tl.constexpr, DN: tl.constexpr, DR: tl.constexpr, DV: tl.constexpr,
     DN_PAD: tl.constexpr, DR_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     CAUSAL: tl.constexpr, STORE_LSE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr, UPCAST: tl.constexpr,
 ):
     # Late query blocks see the most keys under the causal mask: launch them first, so the grid ends on
     # light programs. Axis 0 varies fastest, so the programs in flight share one head's keys in L2.
@@ -775,12 +797,12 @@ def _mla_prefill_kernel(
     q_n = _load_tile(q_rows[:, None] + offs_dn[None, :], row_ok, offs_dn < DN, True, DN != DN_PAD)
     q_r = _load_tile(q_rows[:, None] + DN + offs_dr[None, :], row_ok, offs_dr < DR, True, DR != DR_PAD)
     # this sequence's keys of this head as [seqlen_k, D] matrices; k_pe has no head: all heads share it
-    k_start = k_start.to(tl.int64)  # element offsets of packed tensors may pass 2^31
-    kn_block = tl.make_block_ptr(K_NOPE + k_start * stride_kn_t + head * stride_kn_h, (seqlen_k, DN),
+    k_base = k_start.to(tl.int64)  # element offsets of packed tensors may pass 2^31
+    kn_block = tl.make_block_ptr(K_NOPE + k_base * stride_kn_t + head * stride_kn_h, (seqlen_k, DN),
                                  (stride_kn_t, 1), (0, 0), (BLOCK_N, DN_PAD), (1, 0))
-    kr_block = tl.make_block_ptr(K_PE + k_start * stride_kr_t, (seqlen_k, DR),
+    kr_block = tl.make_block_ptr(K_PE + k_base * stride_kr_t, (seqlen_k, DR),
                                  (stride_kr_t, 1), (0, 0), (BLOCK_N, DR_PAD), (1, 0))
-    v_block = tl.make_block_ptr(V + k_start * stride_v_t + head * stride_v_h, (seqlen_k, DV),
+    v_block = tl.make_block_ptr(V + k_base * stride_v_t + head * stride_v_h, (seqlen_k, DV),
                                 (stride_v_t, 1), (0, 0), (BLOCK_N, DV_PAD), (1, 0))
 
     if CAUSAL:
@@ -797,12 +819,14 @@ def _mla_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
     acc, l_i, m_i = _prefill_attend(
-        acc, l_i, m_i, q_n, q_r, kn_block, kr_block, v_block, offs_m, seqlen_k, 0, full_end, qk_scale,
-        DN != DN_PAD, DR != DR_PAD, DV != DV_PAD, False, CAUSAL, BLOCK_N, UPCAST,
+        acc, l_i, m_i, q_n, q_r, kn_block, kr_block, v_block, KN_DESC, KR_DESC, V_DESC, k_start, head,
+        offs_m, seqlen_k, 0, full_end, qk_scale,
+        DN, DV, DN != DN_PAD, DR != DR_PAD, DV != DV_PAD, False, CAUSAL, BLOCK_N, USE_TMA, UPCAST,
     )
     acc, l_i, m_i = _prefill_attend(
-        acc, l_i, m_i, q_n, q_r, kn_block, kr_block, v_block, offs_m, seqlen_k, full_end, hi, qk_scale,
-        DN != DN_PAD, DR != DR_PAD, DV != DV_PAD, True, CAUSAL, BLOCK_N, UPCAST,
+        acc, l_i, m_i, q_n, q_r, kn_block, kr_block, v_block, KN_DESC, KR_DESC, V_DESC, k_start, head,
+        offs_m, seqlen_k, full_end, hi, qk_scale,
+        DN, DV, DN != DN_PAD, DR != DR_PAD, DV != DV_PAD, True, CAUSAL, BLOCK_N, USE_TMA, UPCAST,
     )
 
     # a row that saw no key (only with seqlen_k == 0) gets zeros and lse = -inf
@@ -898,15 +922,36 @@ def _check_cu_seqlens(cu_seqlens, name, device):
     _check(cu_seqlens.shape[0] >= 2, name, f"expected [B+1] with B >= 1, got shape {tuple(cu_seqlens.shape)}")
 
 
-def _launch_prefill(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config):
+def _tma_ok(tensor, head_dim):
+    """TMA reads a [T, (H,) D] tensor as a 2-D [T, H*D] matrix: heads dense, 16-byte aligned rows."""
+    dense_heads = tensor.dim() == 2 or (tensor.stride(1) == head_dim and tensor.stride(2) == 1)
+    return (dense_heads and tensor.shape[0] > 0 and tensor.stride(0) * tensor.element_size() % 16 == 0
+            and tensor.data_ptr() % 16 == 0)
+
+
+def _key_descriptors(k_nope, k_pe, v, block_n):
+    """TMA descriptors of k_nope [T, H*Dn], k_pe [T, Dr] and v [T, H*Dv], or Nones where not possible."""
+    if not (PREFILL_USE_TMA and _tma_ok(k_nope, QK_NOPE_HEAD_DIM) and _tma_ok(k_pe, QK_ROPE_HEAD_DIM)
+            and _tma_ok(v, V_HEAD_DIM)):
+        return None, None, None
+    num_keys = k_nope.shape[0]
+    kn = TensorDescriptor(k_nope, [num_keys, NUM_HEADS * QK_NOPE_HEAD_DIM], [k_nope.stride(0), 1],
+                          [block_n, PREFILL_DN_PAD])
+    kr = TensorDescriptor(k_pe, [num_keys, QK_ROPE_HEAD_DIM], [k_pe.stride(0), 1], [block_n, PREFILL_DR_PAD])
+    vd = TensorDescriptor(v, [num_keys, NUM_HEADS * V_HEAD_DIM], [v.stride(0), 1], [block_n, PREFILL_DV_PAD])
+    return kn, kr, vd
+
+
+def _launch_prefill(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config, use_tma=None):
     """One launch of _mla_prefill_kernel (arguments already checked). lse may be None."""
     batch = cu_q.shape[0] - 1
     block_m, block_n, num_warps, num_stages = config
     if max_seqlen_q == 0:
         return
+    kn_desc, kr_desc, v_desc = _key_descriptors(k_nope, k_pe, v, block_n) if use_tma is not False else (None,) * 3
     grid = (triton.cdiv(max_seqlen_q, block_m), batch * NUM_HEADS)
     _mla_prefill_kernel[grid](
-        q, k_nope, k_pe, v, out, lse if lse is not None else out, cu_q, cu_k,
+        q, k_nope, k_pe, v, kn_desc, kr_desc, v_desc, out, lse if lse is not None else out, cu_q, cu_k,
         scale * _LOG2E,
         q.stride(0), q.stride(1),
         k_nope.stride(0), k_nope.stride(1),
@@ -917,7 +962,7 @@ def _launch_prefill(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scal
         H=NUM_HEADS, DN=QK_NOPE_HEAD_DIM, DR=QK_ROPE_HEAD_DIM, DV=V_HEAD_DIM,
         DN_PAD=PREFILL_DN_PAD, DR_PAD=PREFILL_DR_PAD, DV_PAD=PREFILL_DV_PAD,
         CAUSAL=causal, STORE_LSE=lse is not None,
-        BLOCK_M=block_m, BLOCK_N=block_n, UPCAST=_INTERPRET,
+        BLOCK_M=block_m, BLOCK_N=block_n, USE_TMA=kn_desc is not None, UPCAST=_INTERPRET,
         num_warps=num_warps, num_stages=num_stages,
     )
 

@@ -92,6 +92,12 @@ class DecodePlan:
     #: row blocks at least this tall load q with TMA into shared memory, where warpgroup MMAs read it
     #: (measured on the H100: 64-row blocks gain, 16-row mma.sync blocks lose badly)
     q_tma_min_block_m: int
+    #: latency regime: batches of at most this many sequences are split finely (one cache block per run
+    #: at least), use `small_batch_block_m` rows per program where H * Sq fits one block of max_block_m,
+    #: and `small_batch_defaults` (bucket "m<block_m>-small" in tuning databases)
+    small_batch_max: int
+    small_batch_block_m: int
+    small_batch_defaults: tuple[tuple[int, TileConfig], ...]
     #: combine tile -> runs loaded per step
     combine_block_runs: tuple[tuple[tuple[int, int], int], ...]
     #: autotune space per block_m (as a sorted list of pairs so the plan stays hashable/printable)
@@ -216,6 +222,14 @@ def _decode_space(block_m: int, dc_pad: int, tiles: DecodeTiles, pinned: bool) -
 _MEASURED_DEFAULTS = {16: TileConfig(32, 4, 3), 32: TileConfig(128, 4, 2), 64: TileConfig(64, 8, 2)}
 
 
+#: the latency regime (see DecodePlan.small_batch_max); measured on an H100 (2026-11-22): B=1, H=16,
+#: S=8192 ran in 13.9 us graph-replayed with 64-token tiles, 8 warps, 1 stage and one block per run,
+#: against 19.8 us with the large-batch configuration; the skewed 4-sequence MTP case (H=16, Sq=4) ran in
+#: 105 us with four 16-row blocks against 153 us with one 64-row block
+SMALL_BATCH_MAX = 8
+_SMALL_BATCH_DEFAULTS = {16: TileConfig(64, 8, 1)}
+
+
 def _default_decode_config(block_m: int, dc_pad: int, space: tuple[TileConfig, ...]) -> TileConfig:
     """A reasonable untuned choice: the measured one, else 64-token tiles with enough warps, 2 stages."""
     want_warps = 8 if block_m * dc_pad >= 32 * 1024 else 4
@@ -264,6 +278,12 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
         split_overhead_factor=SPLIT_OVERHEAD_FACTOR,
         min_blocks_per_part=_min_blocks_per_part(space, dc, dr, SPLIT_OVERHEAD_FACTOR),
         q_tma_min_block_m=64,
+        small_batch_max=SMALL_BATCH_MAX,
+        small_batch_block_m=min(block_ms),
+        small_batch_defaults=tuple(
+            (m, _SMALL_BATCH_DEFAULTS[m] if _SMALL_BATCH_DEFAULTS.get(m) in cfgs else dict(defaults)[m])
+            for m, cfgs in space
+        ),
         combine_tiles=combine_tiles,
         combine_block_runs=tuple(
             (tile, max(2, min(64, COMBINE_STEP_ELEMENTS // (tile[0] * tile[1])))) for tile in combine_tiles
@@ -276,19 +296,26 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
 
 #: registers per thread an H100 gives a program before spilling gets likely (255 is the hard limit)
 PREFILL_MAX_REGS_PER_THREAD = 192
-#: shared memory per SM on an H100 that a program may use (227 KB less a margin)
-PREFILL_MAX_SMEM = 220 * 1024
+#: shared memory per block on an H100 (the limit Triton reports: 227 KB)
+PREFILL_MAX_SMEM = 232448
+
+
+def prefill_smem_bytes(c: PrefillConfig, dn_pad: int, dr_pad: int, dv_pad: int) -> int:
+    """Shared memory of one prefill program: the query tile, num_stages buffers of one key tile (k_nope,
+    k_pe and v rows) and a block_m x max(block_n, dv_pad) staging tile, 2 bytes each. This matches what
+    Triton 3.6 asked for on an H100 for every configuration it refused (e.g. 245760 B for m128 n64 s4)."""
+    key_tile = c.block_n * (dn_pad + dr_pad + dv_pad)
+    return 2 * (c.block_m * (dn_pad + dr_pad) + c.num_stages * key_tile + c.block_m * max(c.block_n, dv_pad))
 
 
 def _prefill_fits(c: PrefillConfig, dn_pad: int, dr_pad: int, dv_pad: int) -> bool:
     """Register and shared-memory budget of one prefill tile.
 
     Registers: the fp32 output accumulator (block_m x dv_pad) and the fp32 scores (block_m x block_n)
-    live across the inner loop. Shared memory: the query tile plus num_stages buffers of one key tile
-    (k_nope, k_pe and v rows, 2 bytes each).
+    live across the inner loop. Shared memory: see prefill_smem_bytes.
     """
     regs = (c.block_m * dv_pad + c.block_m * c.block_n) // (32 * c.num_warps)
-    smem = c.block_m * (dn_pad + dr_pad) * 2 + c.num_stages * c.block_n * (dn_pad + dr_pad + dv_pad) * 2
+    smem = prefill_smem_bytes(c, dn_pad, dr_pad, dv_pad)
     return regs <= PREFILL_MAX_REGS_PER_THREAD and smem <= PREFILL_MAX_SMEM
 
 

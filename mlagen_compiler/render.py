@@ -97,6 +97,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
             decode_defaults=_literal({m: _config_tuple(c) for m, c in plan.decode.defaults}),
             decode_interpreter=_literal(_config_tuple(plan.decode.interpreter)),
             decode_min_blocks=_literal(dict(plan.decode.min_blocks_per_part)),
+            decode_small_defaults=_literal({m: _config_tuple(c) for m, c in plan.decode.small_batch_defaults}),
             decode_combine_tiles=_literal(dict(plan.decode.combine_block_runs)),
             decode_tuned=_literal({tuple(k.split("|", 1)): tuple(v) for k, v in decode_tuned.items()}),
         )

@@ -119,7 +119,9 @@ def decode_buckets(module: ModuleType, device) -> list[DecodeBucket]:
     """The decode buckets a spec reaches (for Sq in SEQLEN_QS), each with the smallest Sq that reaches it."""
     found: dict[str, DecodeBucket] = {}
     for seqlen_q in SEQLEN_QS:
-        block_m = module.get_decode_schedule(1, seqlen_q, device, num_parts=1).block_m
+        # a serving-size batch: the latency regime (few sequences) has its own "-small" buckets
+        large_batch = max(128, getattr(module, "DECODE_SMALL_BATCH", 0) + 1)
+        block_m = module.get_decode_schedule(large_batch, seqlen_q, device, num_parts=1).block_m
         bucket = module.decode_bucket(block_m)
         if bucket not in found:
             configs = tuple(tuple(c) for c in module.DECODE_SPACE[block_m])

@@ -183,16 +183,18 @@ def _version_tuple(version: str) -> tuple[int, ...]:
 def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
     """kernel -> bucket -> configurations of the spec's current autotune space.
 
-    The bucket names mirror `decode_bucket(block_m)` of the generated module (tests check they agree).
+    The bucket names mirror `decode_bucket(block_m, small)` of the generated module (tests check they
+    agree): "m<block_m>" and, for the latency regime, "m<block_m>-small", over the same space.
     """
     from .plan import lower
 
     plan = lower(spec)
     out: dict[str, dict[str, set[tuple[int, ...]]]] = {}
     if plan.decode is not None:
-        out["decode"] = {
-            f"m{m}": {(c.block_n, c.num_warps, c.num_stages) for c in cfgs} for m, cfgs in plan.decode.space
-        }
+        out["decode"] = {}
+        for m, cfgs in plan.decode.space:
+            configs = {(c.block_n, c.num_warps, c.num_stages) for c in cfgs}
+            out["decode"][f"m{m}"] = out["decode"][f"m{m}-small"] = configs
     prefill = getattr(plan, "prefill", None)
     if prefill is not None and hasattr(prefill, "space"):  # one space for every prefill bucket
         out["prefill"] = {"*": {tuple(c.as_tuple()) for c in prefill.space}}

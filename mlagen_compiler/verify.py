@@ -12,7 +12,16 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-__all__ = ["TOLERANCES", "CaseResult", "decode_cases", "make_decode_inputs", "run_decode_case"]
+__all__ = [
+    "TOLERANCES",
+    "CaseResult",
+    "PrefillCase",
+    "decode_cases",
+    "make_decode_inputs",
+    "prefill_cases",
+    "run_decode_case",
+    "run_prefill_case",
+]
 
 #: (atol, rtol) for outputs in the kernel's dtype, and the bound on ||out - ref|| / ||ref||.
 #: bf16 keeps 8 mantissa bits (the probabilities are rounded to it before the PV product), fp16 keeps 11.
@@ -139,10 +148,97 @@ def verify_module(module: ModuleType, seed: int, on_gpu: bool, progress: Callabl
 
     device = torch.device("cuda") if on_gpu else torch.device("cpu")
     results = []
-    for i, case in enumerate(decode_cases(module.PAGE_SIZE, on_gpu)):
-        progress(f"{module.SPEC['name']}: decode {case.name}")
-        generator = torch.Generator().manual_seed(seed * 1000 + i)
-        results.append(run_decode_case(module, case, generator, device))
+    if hasattr(module, "mla_decode"):
+        for i, case in enumerate(decode_cases(module.PAGE_SIZE, on_gpu)):
+            progress(f"{module.SPEC['name']}: decode {case.name}")
+            generator = torch.Generator().manual_seed(seed * 1000 + i)
+            results.append(run_decode_case(module, case, generator, device))
+    if hasattr(module, "mla_prefill"):
+        for i, case in enumerate(prefill_cases(on_gpu)):
+            progress(f"{module.SPEC['name']}: prefill {case.name}")
+            generator = torch.Generator().manual_seed(seed * 1000 + 500 + i)
+            results += run_prefill_case(module, case, generator, device)
+    return results
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefillCase:
+    name: str
+    seqlens: tuple[int, ...]  # new tokens per sequence
+    prefix_lens: tuple[int, ...]  # cached prefix per sequence (chunked prefill)
+
+
+def prefill_cases(on_gpu: bool) -> list[PrefillCase]:
+    """Lengths around the tile sizes (GPU: 64/128, interpreter: 16), uneven batches, empty prefixes."""
+    if on_gpu:
+        return [
+            PrefillCase("B=1 S=1", (1,), (0,)),
+            PrefillCase("B=6 tile edges", (1, 127, 128, 129, 700, 1500), (0, 64, 1, 2000, 129, 900)),
+        ]
+    return [PrefillCase("B=3 varlen", (1, 17, 33), (0, 5, 20))]
+
+
+def run_prefill_case(module: ModuleType, case: PrefillCase, generator, device) -> list[CaseResult]:
+    """mla_prefill, mla_chunked_prefill and mla_cache_write on one set of random inputs."""
+    import torch
+
+    from .reference import cache_write, chunked_prefill, prefill_varlen
+
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    dc, dtype, name = module.KV_LORA_RANK, module.DTYPE, module.SPEC["name"]
+    total = sum(case.seqlens)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=generator).to(dtype).to(device)
+
+    q, k_nope, k_pe, v = rnd(total, heads, dn + dr), rnd(total, heads, dn), rnd(total, dr), rnd(total, heads, dv)
+    bounds = [0]
+    for n in case.seqlens:
+        bounds.append(bounds[-1] + n)
+    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+
+    def judge(kernel, out, lse, ref_out, ref_lse) -> CaseResult:
+        max_err, rel, message = compare(out, ref_out, module.SPEC["dtype"])
+        if not message:
+            try:
+                torch.testing.assert_close(lse.double(), ref_lse, **LSE_TOLERANCE)
+            except AssertionError as error:
+                message = "lse: " + str(error).splitlines()[0]
+        return CaseResult(name, kernel, case.name, max_err, rel, not message, message)
+
+    results = []
+    out, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, max(case.seqlens), return_lse=True)
+    ref = prefill_varlen(q.double(), k_nope.double(), k_pe.double(), v.double(), bounds, module.SOFTMAX_SCALE)
+    results.append(judge("prefill", out, lse, *ref))
+
+    page = module.PAGE_SIZE
+    pages = [max(1, -(-n // page)) for n in case.prefix_lens]
+    perm = torch.randperm(sum(pages) + 2, generator=generator)
+    table = torch.zeros(len(pages), max(pages), dtype=torch.int32)
+    used = 0
+    for b, n in enumerate(pages):
+        table[b, :n] = perm[used : used + n].to(torch.int32)
+        used += n
+    table = table.to(device)
+    cache = rnd(sum(pages) + 2, page, 1, dc + dr)
+    w_uk, w_uv = rnd(heads, dn, dc) / dc**0.5, rnd(heads, dv, dc) / dc**0.5
+    prefix = torch.tensor(case.prefix_lens, dtype=torch.int32, device=device)
+    out, lse = module.mla_chunked_prefill(
+        q, k_nope, k_pe, v, cu, max(case.seqlens), cache, table, prefix, w_uk, w_uv, return_lse=True
+    )
+    ref = chunked_prefill(
+        q.double(), k_nope.double(), k_pe.double(), v.double(), bounds, cache.double(), table, case.prefix_lens,
+        w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=dtype,
+    )  # fmt: skip
+    results.append(judge("chunked", out, lse, *ref))
+
+    slots = torch.randperm(cache.shape[0] * page, generator=generator)[:total]
+    slots[::5] = -1  # padding tokens are skipped
+    c_kv, rope = rnd(total, dc), rnd(total, dr)
+    want = cache_write(cache, c_kv, rope, slots.to(device))
+    module.mla_cache_write(c_kv, rope, cache, slots.to(device))
+    same = bool(torch.equal(cache, want))
+    results.append(CaseResult(name, "cache_write", case.name, 0.0, 0.0, same, "" if same else "cache differs"))
     return results
 
 

@@ -56,3 +56,48 @@ def test_overrides_pin_the_space():
 
 def test_prefill_only_spec_has_no_decode_plan():
     assert lower(spec(kernels=["decode"])).decode is not None
+
+
+def test_prefill_plan_splits_qk_into_pow2_parts():
+    plan = lower(spec(kernels=["decode", "prefill"])).prefill
+    assert (plan.dn_pad, plan.dr_pad, plan.dv_pad) == (128, 64, 128)  # qk 192 = 128 + 64, v stays 128
+    assert plan.default in plan.space and plan.interpreter.block_m == plan.interpreter.block_n == 16
+
+
+@given(
+    dn=st.integers(1, 16).map(lambda k: 16 * k),
+    dr=st.integers(1, 8).map(lambda k: 16 * k),
+    dv=st.integers(1, 16).map(lambda k: 16 * k),
+)
+def test_prefill_padding_and_space_fit(dn, dr, dv):
+    from mlagen_compiler.plan import PREFILL_MAX_REGS_PER_THREAD, PREFILL_MAX_SMEM, prefill_smem_bytes
+
+    plan = lower(spec(qk_nope_head_dim=dn, qk_rope_head_dim=dr, v_head_dim=dv, kernels=["prefill"])).prefill
+    for real, padded in ((dn, plan.dn_pad), (dr, plan.dr_pad), (dv, plan.dv_pad)):
+        assert padded >= real and padded & (padded - 1) == 0 and padded < 2 * real
+    assert plan.space and plan.space == tuple(sorted(plan.space)) and plan.default in plan.space
+    for c in plan.space:
+        assert (c.block_m * plan.dv_pad + c.block_m * c.block_n) // (32 * c.num_warps) <= PREFILL_MAX_REGS_PER_THREAD
+        assert prefill_smem_bytes(c, plan.dn_pad, plan.dr_pad, plan.dv_pad) <= PREFILL_MAX_SMEM
+
+
+def test_prefill_smem_model_matches_what_triton_refused():
+    """Triton 3.6 on an H100 asked for these many bytes for qk 128+64 / v 128 (2026-11-22)."""
+    from mlagen_compiler.plan import PREFILL_MAX_SMEM, PrefillConfig, prefill_smem_bytes
+
+    for config, asked in (((128, 64, 8, 4), 245760), ((128, 128, 8, 2), 245760), ((128, 128, 8, 3), 327680)):
+        assert prefill_smem_bytes(PrefillConfig(*config), 128, 64, 128) == asked > PREFILL_MAX_SMEM
+    assert prefill_smem_bytes(PrefillConfig(128, 64, 8, 3), 128, 64, 128) <= PREFILL_MAX_SMEM
+
+
+def test_prefill_overrides_pin_the_space():
+    tiles = {"prefill": {"block_m": 64, "block_n": 32, "num_warps": 4, "num_stages": 2}}
+    plan = lower(spec(kernels=["prefill"], tiles=tiles)).prefill
+    assert [c.as_tuple() for c in plan.space] == [(64, 32, 4, 2)] and plan.default.as_tuple() == (64, 32, 4, 2)
+
+
+def test_kernels_select_plans():
+    assert lower(spec(kernels=["decode"])).prefill is None
+    only = lower(spec(kernels=["prefill"]))
+    assert only.decode is None and only.prefill is not None
+    assert "prefill" in only.summary() and "decode" not in only.summary()

@@ -184,9 +184,11 @@ def test_bucket_names_agree_with_generated_module(build_module):
     module = build_module(**FIELDS)
     spec = spec_from_dict(FIELDS)
     valid = tuning._valid_configs(spec)["decode"]
-    assert {module.decode_bucket(m) for m in module.DECODE_SPACE} == set(valid)
+    names = {module.decode_bucket(m, small) for m in module.DECODE_SPACE for small in (False, True)}
+    assert names == set(valid)
     for m, cfgs in module.DECODE_SPACE.items():
-        assert valid[module.decode_bucket(m)] == {tuple(c) for c in cfgs}
+        for small in (False, True):
+            assert valid[module.decode_bucket(m, small)] == {tuple(c) for c in cfgs}
 
 
 def _pretend_gpu(monkeypatch, module, name):
@@ -210,10 +212,12 @@ def test_db_entry_reaches_module_and_schedule(tmp_path, monkeypatch):
     assert tuned_table == {(H100, "m16"): chosen}
     cuda = torch.device("cuda", 0)  # never touched: num_parts given, GPU name pretended
     _pretend_gpu(monkeypatch, module, H100)
-    assert module.get_decode_schedule(4, 1, cuda, num_parts=2).config == chosen  # H=16, Sq=1: bucket m16
-    assert module.get_decode_schedule(4, 2, cuda, num_parts=2).config == module.DECODE_DEFAULTS[32]  # untuned
+    assert module.get_decode_schedule(64, 1, cuda, num_parts=2).config == chosen  # H=16, Sq=1: bucket m16
+    assert module.get_decode_schedule(64, 2, cuda, num_parts=2).config == module.DECODE_DEFAULTS[32]  # untuned
+    # the latency regime (few sequences) has its own bucket, so the large-batch winner does not leak in
+    assert module.get_decode_schedule(4, 1, cuda, num_parts=2).config == module.DECODE_SMALL_DEFAULTS[16]
     _pretend_gpu(monkeypatch, module, "NVIDIA A100-SXM4-80GB")  # unknown GPU: the default
-    assert module.get_decode_schedule(4, 1, cuda, num_parts=2).config == module.DECODE_DEFAULTS[16]
+    assert module.get_decode_schedule(64, 1, cuda, num_parts=2).config == module.DECODE_DEFAULTS[16]
     monkeypatch.undo()
     # under the interpreter (no GPU): the interpreter's configuration, never a tuned one
     assert module.get_decode_schedule(4, 1, torch.device("cpu")).config == module.DECODE_INTERPRETER_CONFIG
