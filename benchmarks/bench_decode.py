@@ -233,7 +233,8 @@ def run_case(case: Case, roof, tmp: Path, compare_default: bool, gen: torch.Gene
         eager_us = float("nan")
     default_us = None
     if compare_default:
-        default_cfg = module.DECODE_DEFAULTS[schedule.block_m]
+        small = batch <= module.DECODE_SMALL_BATCH
+        default_cfg = (module.DECODE_SMALL_DEFAULTS if small else module.DECODE_DEFAULTS)[schedule.block_m]
         sched_d = module.get_decode_schedule(batch, case.seqlen_q, q.device, config=default_cfg)
         call_d = lambda: module.mla_decode(q, kv, table, lens, schedule=sched_d, out=out, lse=lse)
         default_us = (time_graph(call_d) if case.graph else median_ms(call_d)) * 1e3
