@@ -140,8 +140,18 @@ def small_reference_check(module, device, gen) -> dict:
     plen = torch.tensor(prefix, dtype=torch.int32, device=device)
     got, lse = module.mla_chunked_prefill(q, kn, kp, v, cu, max(lens), cache, table, plen, w_uk, w_uv, return_lse=True)
     want, want_lse = chunked_prefill(
-        q.double(), kn.double(), kp.double(), v.double(), cu.cpu(), cache.double(), table, plen.cpu(),
-        w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=dt,
+        q.double(),
+        kn.double(),
+        kp.double(),
+        v.double(),
+        cu.cpu(),
+        cache.double(),
+        table,
+        plen.cpu(),
+        w_uk.double(),
+        w_uv.double(),
+        module.SOFTMAX_SCALE,
+        expanded_dtype=dt,
     )
     _, rel, msg = compare(got, want, "bfloat16")
     lse_err = float((lse.double() - want_lse).abs().max())
@@ -196,6 +206,87 @@ def flex_variant(qd, kd, vd, seqlen):
     return lambda: _FLEX["fn"](qd, kd, vd, block_mask=block_mask)
 
 
+def run_case(module, heads, batch, seqlen, gen, device, sweep, sweeps) -> dict:
+    """Check ours on this shape against fp32 SDPA, then time ours (and the sweep) and the baselines."""
+    case = f"H={heads} B={batch} S={seqlen}"
+    q, kn, kp, v, cu = make_inputs(module, batch, seqlen, gen, device)
+    flops = batch * heads * seqlen**2 * (q.shape[-1] + v.shape[-1])
+    qd, kd, vd = dense(q, kn, kp, v, batch, seqlen)
+    # correctness of ours on this very shape vs fp32 memory-efficient SDPA
+    out = torch.full_like(v, float("nan"))
+    module.mla_prefill(q, kn, kp, v, cu, seqlen, out=out)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.MATH if DRY_RUN else SDPBackend.EFFICIENT_ATTENTION]):
+        ref = F.scaled_dot_product_attention(
+            qd.float(), kd.float(), vd.float(), is_causal=True, scale=module.SOFTMAX_SCALE
+        )
+    ref = ref.transpose(1, 2).reshape(v.shape)
+    max_err, rel, msg = compare(out, ref, "bfloat16")
+    del ref
+    row = {
+        "case": case,
+        "heads": heads,
+        "batch": batch,
+        "seqlen": seqlen,
+        "flops": flops,
+        "max_err": max_err,
+        "rel_err": rel,
+        "passed": not msg,
+        "impl": {},
+    }
+    cfg = module.prefill_config(device)
+    row["config"] = list(cfg)
+    ms = bench(lambda: module.mla_prefill(q, kn, kp, v, cu, seqlen))
+    row["impl"]["mlagen"] = ms
+    if sweep:
+        scale = module.SOFTMAX_SCALE
+        variants = [(c, True) for c in SWEEP] + [(c, False) for c in SWEEP_NO_TMA]
+        for c, tma in variants:
+            try:
+                t = bench(
+                    lambda c=c, tma=tma: module._launch_prefill(
+                        q, kn, kp, v, cu, cu, seqlen, out, None, scale, True, c, tma
+                    )
+                )
+            except Exception as error:  # noqa: BLE001 - a config may not compile
+                t = None
+                print(f"#   sweep {c}: {type(error).__name__}: {str(error)[:120]}")
+            sweeps.append(
+                {
+                    "case": case,
+                    "config": list(c),
+                    "tma": tma,
+                    "ms": t,
+                    "tflops": flops / t / 1e9 if t else None,
+                }
+            )
+            print(f"#   sweep {case} {c} tma={tma}: {t and round(flops / t / 1e9, 1)} TFLOP/s", flush=True)
+        timed = [x for x in sweeps if x["case"] == case and x["ms"] and x["tma"]]
+        if timed:
+            best = min(timed, key=lambda x: x["ms"])
+            row["best_swept"] = {"config": best["config"], "ms": best["ms"]}
+    for name, fn in sdpa_variants(qd, kd, vd).items():
+        try:
+            fn()
+            row["impl"][name] = bench(fn)
+        except Exception as error:  # noqa: BLE001 - backend does not take these shapes
+            row["impl"][name] = None
+            print(f"#   {name} {case}: not available ({type(error).__name__}: {str(error)[:100]})")
+    try:
+        fn = flex_variant(qd, kd, vd, seqlen)
+        fn()
+        row["impl"]["flex"] = bench(fn)
+    except Exception as error:  # noqa: BLE001
+        row["impl"]["flex"] = None
+        print(f"#   flex {case}: failed ({type(error).__name__}: {str(error)[:200]})")
+    print(
+        f"# {case}: " + ", ".join(f"{k} {flops / t / 1e9:.0f}" for k, t in row["impl"].items() if t) + " TFLOP/s",
+        flush=True,
+    )
+    return row
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("OUT") or "out")
@@ -233,77 +324,26 @@ def main() -> None:
         shapes = SHAPES[:1] if args.quick else SHAPES
         for heads, module in modules.items():
             for batch, seqlen in shapes:
-                case = f"H={heads} B={batch} S={seqlen}"
-                q, kn, kp, v, cu = make_inputs(module, batch, seqlen, gen, device)
-                flops = batch * heads * seqlen**2 * (q.shape[-1] + v.shape[-1])
-                qd, kd, vd = dense(q, kn, kp, v, batch, seqlen)
-                # correctness of ours on this very shape vs fp32 memory-efficient SDPA
-                out = torch.full_like(v, float("nan"))
-                module.mla_prefill(q, kn, kp, v, cu, seqlen, out=out)
-                from torch.nn.attention import SDPBackend, sdpa_kernel
-
-                with sdpa_kernel([SDPBackend.MATH if DRY_RUN else SDPBackend.EFFICIENT_ATTENTION]):
-                    ref = F.scaled_dot_product_attention(
-                        qd.float(), kd.float(), vd.float(), is_causal=True, scale=module.SOFTMAX_SCALE
-                    )
-                ref = ref.transpose(1, 2).reshape(v.shape)
-                max_err, rel, msg = compare(out, ref, "bfloat16")
-                del ref
-                row = {"case": case, "heads": heads, "batch": batch, "seqlen": seqlen, "flops": flops,
-                       "max_err": max_err, "rel_err": rel, "passed": not msg, "impl": {}}
-                cfg = module.prefill_config(device)
-                row["config"] = list(cfg)
-                ms = bench(lambda: module.mla_prefill(q, kn, kp, v, cu, seqlen))
-                row["impl"]["mlagen"] = ms
-                if args.sweep:
-                    scale = module.SOFTMAX_SCALE
-                    variants = [(c, True) for c in SWEEP] + [(c, False) for c in SWEEP_NO_TMA]
-                    for c, tma in variants:
-                        try:
-                            t = bench(lambda c=c, tma=tma: module._launch_prefill(
-                                q, kn, kp, v, cu, cu, seqlen, out, None, scale, True, c, tma))
-                        except Exception as error:  # noqa: BLE001 - a config may not compile
-                            t = None
-                            print(f"#   sweep {c}: {type(error).__name__}: {str(error)[:120]}")
-                        sweeps.append({"case": case, "config": list(c), "tma": tma, "ms": t,
-                                       "tflops": flops / t / 1e9 if t else None})
-                        print(f"#   sweep {case} {c} tma={tma}: {t and round(flops / t / 1e9, 1)} TFLOP/s",
-                              flush=True)
-                    timed = [x for x in sweeps if x["case"] == case and x["ms"] and x["tma"]]
-                    if timed:
-                        best = min(timed, key=lambda x: x["ms"])
-                        row["best_swept"] = {"config": best["config"], "ms": best["ms"]}
-                for name, fn in sdpa_variants(qd, kd, vd).items():
-                    try:
-                        fn()
-                        row["impl"][name] = bench(fn)
-                    except Exception as error:  # noqa: BLE001 - backend does not take these shapes
-                        row["impl"][name] = None
-                        print(f"#   {name} {case}: not available ({type(error).__name__}: {str(error)[:100]})")
-                try:
-                    fn = flex_variant(qd, kd, vd, seqlen)
-                    fn()
-                    row["impl"]["flex"] = bench(fn)
-                except Exception as error:  # noqa: BLE001
-                    row["impl"]["flex"] = None
-                    print(f"#   flex {case}: failed ({type(error).__name__}: {str(error)[:200]})")
-                print(f"# {case}: " + ", ".join(
-                    f"{k} {flops / t / 1e9:.0f}" for k, t in row["impl"].items() if t) + " TFLOP/s", flush=True)
+                row = run_case(module, heads, batch, seqlen, gen, device, args.sweep, sweeps)
                 rows.append(row)
-                del q, kn, kp, v, qd, kd, vd, out
                 if not DRY_RUN:
                     torch.cuda.empty_cache()
 
         if not args.no_chunked:
-            for heads, module in modules.items():
+            for module in modules.values():
                 try:
                     sizes = {"chunk": 40, "prefix": 100} if DRY_RUN else {}
                     chunked.append(time_chunked(module, device, gen, **sizes))
                 except Exception:  # noqa: BLE001
                     traceback.print_exc()
 
-    report = {"meta": meta, "checks": {str(k): v for k, v in checks.items()}, "rows": rows, "sweep": sweeps,
-              "chunked": chunked}
+    report = {
+        "meta": meta,
+        "checks": {str(k): v for k, v in checks.items()},
+        "rows": rows,
+        "sweep": sweeps,
+        "chunked": chunked,
+    }
     (out_dir / "prefill.json").write_text(json.dumps(report, indent=2))
     try:
         plot(rows, out_dir / "prefill.png", gpu)
@@ -314,8 +354,13 @@ def main() -> None:
 
 def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
     """One sequence: `chunk` new tokens against a `prefix`-token cached latent prefix."""
-    heads, dn, dr, dv, dc = (module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM,
-                             module.V_HEAD_DIM, module.KV_LORA_RANK)
+    heads, dn, dr, dv, dc = (
+        module.NUM_HEADS,
+        module.QK_NOPE_HEAD_DIM,
+        module.QK_ROPE_HEAD_DIM,
+        module.V_HEAD_DIM,
+        module.KV_LORA_RANK,
+    )
     page = module.PAGE_SIZE
     dt = module.DTYPE
 
@@ -343,8 +388,11 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
     ref = torch.empty(chunk, heads, dv, dtype=torch.float32, device=device)
     for h in range(0, heads, 8):  # a few heads at a time: the fp32 score matrix is chunk x (prefix + chunk)
         ref[:, h : h + 8] = F.scaled_dot_product_attention(
-            q[:, h : h + 8].float().transpose(0, 1), k_all[:, h : h + 8].float().transpose(0, 1),
-            v_all[:, h : h + 8].float().transpose(0, 1), attn_mask=mask, scale=module.SOFTMAX_SCALE,
+            q[:, h : h + 8].float().transpose(0, 1),
+            k_all[:, h : h + 8].float().transpose(0, 1),
+            v_all[:, h : h + 8].float().transpose(0, 1),
+            attn_mask=mask,
+            scale=module.SOFTMAX_SCALE,
         ).transpose(0, 1)
     max_err, rel, msg = compare(out, ref, "bfloat16")
     del ref, k_all, v_all
@@ -355,22 +403,34 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
     o_p = torch.empty(chunk, heads, dv, dtype=torch.float32, device=device)
     l_p = torch.empty(heads, chunk, dtype=torch.float32, device=device)
     cfg = module.prefill_config(device, "prefix")
-    prefix_ms = bench(lambda: module._launch_prefill(q, pk, pr, pv, cu, cu_p, chunk, o_p, l_p, module.SOFTMAX_SCALE,
-                                                     False, cfg))
+    prefix_ms = bench(
+        lambda: module._launch_prefill(q, pk, pr, pv, cu, cu_p, chunk, o_p, l_p, module.SOFTMAX_SCALE, False, cfg)
+    )
     prefix_sweep = {}
     for c in SWEEP_PREFIX:
         try:
             prefix_sweep["m{}n{}w{}s{}".format(*c)] = bench(
-                lambda c=c: module._launch_prefill(q, pk, pr, pv, cu, cu_p, chunk, o_p, l_p, module.SOFTMAX_SCALE,
-                                                   False, c))
+                lambda c=c: module._launch_prefill(
+                    q, pk, pr, pv, cu, cu_p, chunk, o_p, l_p, module.SOFTMAX_SCALE, False, c
+                )
+            )
         except Exception as error:  # noqa: BLE001
             print(f"#   prefix sweep {c}: {type(error).__name__}: {str(error)[:100]}")
     result = {
-        "heads": heads, "chunk": chunk, "prefix": prefix, "total_ms": total_ms, "expand_ms": expand_ms,
-        "prefix_attn_ms": prefix_ms, "attn_flops": attn_flops, "expand_flops": expand_flops,
+        "heads": heads,
+        "chunk": chunk,
+        "prefix": prefix,
+        "total_ms": total_ms,
+        "expand_ms": expand_ms,
+        "prefix_attn_ms": prefix_ms,
+        "attn_flops": attn_flops,
+        "expand_flops": expand_flops,
         "attn_tflops_overall": attn_flops / total_ms / 1e9,
         "prefix_attn_tflops": heads * chunk * prefix * 2 * (dn + dr + dv) / prefix_ms / 1e9,
-        "max_err": max_err, "rel_err": rel, "passed": not msg, "prefix_sweep_ms": prefix_sweep,
+        "max_err": max_err,
+        "rel_err": rel,
+        "passed": not msg,
+        "prefix_sweep_ms": prefix_sweep,
     }
     # FlexAttention on the same problem (keys already expanded: the expansion is not timed for it)
     try:
@@ -380,8 +440,9 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
         k_all = torch.cat([torch.cat([pk, kn]), torch.cat([pr, kp])[:, None, :].expand(-1, heads, -1)], -1)
         v_all = torch.cat([pv, v])
         qd, kd, vd = (x.transpose(0, 1)[None] for x in (q, k_all, v_all))
-        bm = create_block_mask(lambda b, h, qi, ki: qi + prefix >= ki, B=None, H=None, Q_LEN=chunk,
-                               KV_LEN=prefix + chunk, device=device)
+        bm = create_block_mask(
+            lambda b, h, qi, ki: qi + prefix >= ki, B=None, H=None, Q_LEN=chunk, KV_LEN=prefix + chunk, device=device
+        )
         fn(qd, kd, vd, block_mask=bm)
         result["flex_ms"] = bench(lambda: fn(qd, kd, vd, block_mask=bm))
     except Exception as error:  # noqa: BLE001
@@ -396,8 +457,10 @@ NAMES = ["mlagen", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash_vpad", "flex"]
 
 def print_table(rows, chunked, meta) -> None:
     print()
-    print(f"Prefill, causal, bf16, qk 192 / v 128 -- {meta['gpu']}, {meta['date']}, torch {meta['torch']}, "
-          f"triton {meta['triton']}; do_bench medians; TFLOP/s = B*H*S^2*(192+128)")
+    print(
+        f"Prefill, causal, bf16, qk 192 / v 128 -- {meta['gpu']}, {meta['date']}, torch {meta['torch']}, "
+        f"triton {meta['triton']}; do_bench medians; TFLOP/s = B*H*S^2*(192+128)"
+    )
     head = f"{'case':<22} {'config':<16} {'check':<6}" + "".join(f" {n:>17}" for n in NAMES) + f" {'vs flex':>8}"
     print(head)
     for r in rows:
@@ -409,15 +472,19 @@ def print_table(rows, chunked, meta) -> None:
         speed = f"{flex / ours:>7.2f}x" if flex else f"{'n/a':>8}"
         cfg = "m{}n{}w{}s{}".format(*r["config"])
         best = r.get("best_swept")
-        swept = f"  best swept m{{}}n{{}}w{{}}s{{}} {{:.0f}}T".format(*best["config"], r["flops"] / best["ms"] / 1e9) if best else ""
+        swept = (
+            "  best swept m{}n{}w{}s{} {:.0f}T".format(*best["config"], r["flops"] / best["ms"] / 1e9) if best else ""
+        )
         print(f"{r['case']:<22} {cfg:<16} {'ok' if r['passed'] else 'FAIL':<6}" + "".join(cells) + f" {speed}{swept}")
     for c in chunked:
         flex = f", flex (keys pre-expanded) {c['flex_ms'] * 1e3:.0f} us" if c.get("flex_ms") else ""
-        print(f"chunked H={c['heads']}: {c['chunk']} new tokens over a {c['prefix']}-token prefix: "
-              f"{c['total_ms'] * 1e3:.0f} us total ({c['attn_tflops_overall']:.0f} attention TFLOP/s overall), "
-              f"of which expand {c['expand_ms'] * 1e3:.0f} us, prefix attention {c['prefix_attn_ms'] * 1e3:.0f} us "
-              f"({c['prefix_attn_tflops']:.0f} TFLOP/s){flex}; check {'ok' if c['passed'] else 'FAIL'} "
-              f"(rel {c['rel_err']:.1e})")
+        print(
+            f"chunked H={c['heads']}: {c['chunk']} new tokens over a {c['prefix']}-token prefix: "
+            f"{c['total_ms'] * 1e3:.0f} us total ({c['attn_tflops_overall']:.0f} attention TFLOP/s overall), "
+            f"of which expand {c['expand_ms'] * 1e3:.0f} us, prefix attention {c['prefix_attn_ms'] * 1e3:.0f} us "
+            f"({c['prefix_attn_tflops']:.0f} TFLOP/s){flex}; check {'ok' if c['passed'] else 'FAIL'} "
+            f"(rel {c['rel_err']:.1e})"
+        )
 
 
 def plot(rows, path: Path, gpu: str) -> None:

@@ -250,7 +250,7 @@ def prefill_varlen(
     out = q.new_zeros(num_tokens, num_heads, v.shape[-1])
     lse = q.new_full((num_heads, num_tokens), float("-inf"))
     bounds = [int(x) for x in cu_seqlens]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=False):
         if hi == lo:
             continue
         k = torch.cat([k_nope[lo:hi], k_pe[lo:hi, None, :].expand(-1, num_heads, -1)], dim=-1)
@@ -284,7 +284,7 @@ def chunked_prefill(
     out = q.new_zeros(num_tokens, num_heads, v.shape[-1])
     lse = q.new_full((num_heads, num_tokens), float("-inf"))
     bounds = [int(x) for x in cu_seqlens]
-    for b, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:])):
+    for b, (lo, hi) in enumerate(zip(bounds[:-1], bounds[1:], strict=False)):
         if hi == lo:
             continue
         prefix = int(prefix_lens[b])

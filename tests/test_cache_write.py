@@ -23,8 +23,9 @@ GEOMETRIES = [(512, 64), (256, 64), (256, 32), (64, 16), (96, 48)]  # (Dc, Dr)
     padding=st.floats(0.0, 0.5),
     seed=st.integers(0, 2**32 - 1),
 )
-def test_cache_write_matches_reference(build_module, device, geometry, page_size, dtype, num_tokens, slot_dtype,
-                                       padding, seed):
+def test_cache_write_matches_reference(
+    build_module, device, geometry, page_size, dtype, num_tokens, slot_dtype, padding, seed
+):
     dc, dr = geometry
     module = build_module(
         name="cache-write",
