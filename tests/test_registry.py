@@ -11,7 +11,16 @@ from mlagen_compiler.registry import registered_specs, resolve_kernel, resolve_s
 from mlagen_compiler.render import bundled_spec_dir
 from mlagen_compiler.spec import MLASpec, SpecError
 
-BUNDLED = ["deepseek-v2", "deepseek-v2-lite", "deepseek-v3-tp1", "deepseek-v3-tp2", "deepseek-v3-tp4", "deepseek-v3-tp8", "kimi-k2", "mistral-small-4"]
+BUNDLED = [
+    "deepseek-v2",
+    "deepseek-v2-lite",
+    "deepseek-v3-tp1",
+    "deepseek-v3-tp2",
+    "deepseek-v3-tp4",
+    "deepseek-v3-tp8",
+    "kimi-k2",
+    "mistral-small-4",
+]
 USER_SPEC = """\
 name: {name}
 num_heads: {heads}
