@@ -311,16 +311,9 @@ def _check_config(module: ModuleType, inputs: dict[str, Any], config, reference)
 
 
 def _reference(module: ModuleType, inputs: dict[str, Any]):
-    from .reference import decode_paged
+    from .verify import decode_reference
 
-    return decode_paged(
-        inputs["q"].double(),
-        inputs["kv_cache"].double(),
-        inputs["block_table"],
-        inputs["cache_seqlens"],
-        module.KV_LORA_RANK,
-        module.SOFTMAX_SCALE,
-    )
+    return decode_reference(module, inputs)
 
 
 def _error_line(error: BaseException) -> str:

@@ -116,24 +116,30 @@ def compare(out, ref, dtype_name: str) -> tuple[float, float, str]:
     return max_err, rel, ""
 
 
+def decode_reference(module: ModuleType, inputs: dict[str, Any], softmax_scale: float | None = None):
+    """float64 reference of `module.mla_decode(**inputs)`: (out, lse)."""
+    from .reference import decode_paged
+
+    scale = module.SOFTMAX_SCALE if softmax_scale is None else softmax_scale
+    return decode_paged(
+        inputs["q"].double(),
+        inputs["kv_cache"].double(),
+        inputs["block_table"],
+        inputs["cache_seqlens"],
+        module.KV_LORA_RANK,
+        scale,
+    )
+
+
 def run_decode_case(module: ModuleType, case: DecodeCase, generator, device) -> CaseResult:
     import torch
-
-    from .reference import decode_paged
 
     inputs = make_decode_inputs(module, case.seqlens, case.seqlen_q, generator, device)
     schedule = module.get_decode_schedule(
         len(case.seqlens), case.seqlen_q, device, num_parts=case.num_parts, min_blocks_per_part=case.min_blocks_per_part
     )
     out, lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule)
-    ref_out, ref_lse = decode_paged(
-        inputs["q"].double(),
-        inputs["kv_cache"].double(),
-        inputs["block_table"],
-        inputs["cache_seqlens"],
-        module.KV_LORA_RANK,
-        module.SOFTMAX_SCALE,
-    )
+    ref_out, ref_lse = decode_reference(module, inputs)
     max_err, rel, message = compare(out, ref_out, module.SPEC["dtype"])
     if not message:
         try:
