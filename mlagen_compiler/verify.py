@@ -103,7 +103,7 @@ def compare(out, ref, dtype_name: str) -> tuple[float, float, str]:
     import torch
 
     tol = TOLERANCES[dtype_name]
-    out64, ref64 = out.double(), ref.double()
+    out64, ref64 = out.double().cpu(), ref.double().cpu()  # the reference may live on the CPU
     max_err = float((out64 - ref64).abs().nan_to_num(float("inf")).max()) if out.numel() else 0.0
     denom = float(ref64.norm()) or 1.0
     rel = float((out64 - ref64).norm()) / denom
