@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
 
 _common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
-settings.register_profile("ci", max_examples=30, derandomize=True, print_blob=True, **_common)
+settings.register_profile("ci", max_examples=50, derandomize=True, print_blob=True, **_common)
 settings.register_profile("dev", max_examples=12, **_common)
 settings.register_profile("fuzz", max_examples=2000, **_common)
 settings.load_profile(os.environ.get("MLAGEN_HYPOTHESIS_PROFILE", "dev"))
