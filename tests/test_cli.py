@@ -56,7 +56,7 @@ def test_invalid_spec_error(tmp_path):
     assert result.exit_code == 2 and "num_heads=300 is not allowed: must be in 1..256" in result.output
 
 
-def test_verify_in_subprocess(tmp_path):
+def test_verify_in_subprocess():
     """The real console entry point: prints a table and exits 0 when every case passes."""
     proc = subprocess.run(
         [sys.executable, "-m", "mlagen_compiler.cli", "verify", "deepseek-v2-lite"],
