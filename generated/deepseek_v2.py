@@ -389,11 +389,13 @@ def _mla_decode_combine_kernel(
     mask = row_ok[:, None] & (cols < DC)[None, :]
     o_ptrs = OUT + b * stride_o_b + row_tok * stride_o_s + row_head * stride_o_h
     lse_ptrs = LSE + b * stride_lse_b + row_head * stride_lse_h + row_tok
+    # the first column block writes the LSE (a scalar branch: a block mask & a scalar is not portable)
     write_lse = tl.program_id(2) == 0
     if n_runs == 0:
         # empty sequence: nothing to attend to
         tl.store(o_ptrs[:, None] + cols[None, :], tl.zeros([BLOCK_ROWS, BLOCK_C], OUT.dtype.element_ty), mask=mask)
-        tl.store(lse_ptrs, tl.full([BLOCK_ROWS], float("-inf"), tl.float32), mask=row_ok & write_lse)
+        if write_lse:
+            tl.store(lse_ptrs, tl.full([BLOCK_ROWS], float("-inf"), tl.float32), mask=row_ok)
     elif n_runs > 1:
         offs_runs = tl.arange(0, BLOCK_RUNS)
         # pass 1: the largest lse of each row
@@ -422,7 +424,8 @@ def _mla_decode_combine_kernel(
         out = acc / tl.where(seen, weight, 1.0)[:, None]
         lse = tl.where(seen, m + tl.log(tl.where(seen, weight, 1.0)), float("-inf"))
         tl.store(o_ptrs[:, None] + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
-        tl.store(lse_ptrs, lse, mask=row_ok & write_lse)
+        if write_lse:
+            tl.store(lse_ptrs, lse, mask=row_ok)
 
 
 def _latent_descriptors(rows, block_rows):
@@ -689,55 +692,46 @@ def _load_tile(ptrs, rows_ok, cols_ok, MASK_ROWS: tl.constexpr, MASK_COLS: tl.co
 
 
 @triton.jit
-def _load_block(block, MASK_ROWS: tl.constexpr, MASK_COLS: tl.constexpr):
-    """Load through a block pointer, zero-filling rows / columns outside the tensor only where asked."""
-    if MASK_ROWS:
-        if MASK_COLS:
-            return tl.load(block, boundary_check=(0, 1), padding_option="zero")
-        else:
-            return tl.load(block, boundary_check=(0,), padding_option="zero")
-    else:
-        if MASK_COLS:
-            return tl.load(block, boundary_check=(1,), padding_option="zero")
-        else:
-            return tl.load(block)
-
-
-@triton.jit
 def _prefill_attend(
     acc, l_i, m_i, q_n, q_r,
-    kn_block, kr_block, v_block,  # block pointers at key 0 of this sequence: [BLOCK_N, D_PAD] tiles
+    KN_SEQ, KR_SEQ, V_SEQ,  # pointers at key 0 of this sequence (and this head): row-major [seqlen_k, D]
+    stride_kn_t, stride_kr_t, stride_v_t,
     KN_DESC, KR_DESC, V_DESC, k_start, head,  # TMA descriptors of the packed [T, H*D] / [T, Dr] tensors
     q_pos, seqlen_k, lo, hi, qk_scale,
-    DN: tl.constexpr, DV: tl.constexpr,
-    MASK_DN: tl.constexpr, MASK_DR: tl.constexpr, MASK_DV: tl.constexpr,
+    DN: tl.constexpr, DR: tl.constexpr, DV: tl.constexpr,
+    DN_PAD: tl.constexpr, DR_PAD: tl.constexpr, DV_PAD: tl.constexpr,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
     UPCAST: tl.constexpr,
 ):
     """Online softmax over key blocks [lo, hi). MASKED: mask keys past seqlen_k (and, CAUSAL, past q_pos).
 
-    Tiles come through TMA descriptors (USE_TMA) or block pointers; both carry only scalar offsets
-    through the loop (a tensor of BLOCK_N x D pointers would hold 2 registers per element per thread).
-    Block-pointer loads zero-fill outside the sequence. TMA tiles may hold rows of the next sequence
+    Tiles come through TMA descriptors (USE_TMA) or pointer tiles rebuilt each step from the scalar key
+    offset: only scalars are carried through the loop (a loop-carried tensor of BLOCK_N x D pointers
+    would hold 2 registers per element per thread). Pointer loads zero-fill outside the sequence and
+    padded columns, with masks only where the constexprs say they are needed. TMA tiles may hold rows of the next sequence
     (their probabilities are 0 under the mask) and, where a head dim is padded, columns of the next head:
     they meet the query's zero-padded columns (scores) or land in output columns never stored (values).
     """
     offs_n = tl.arange(0, BLOCK_N)
-    kn_block = tl.advance(kn_block, (lo, 0))
-    kr_block = tl.advance(kr_block, (lo, 0))
-    v_block = tl.advance(v_block, (lo, 0))
+    offs_dn = tl.arange(0, DN_PAD)
+    offs_dr = tl.arange(0, DR_PAD)
+    offs_dv = tl.arange(0, DV_PAD)
     for start in range(lo, hi, BLOCK_N):
+        keys_ok = (start + offs_n) < seqlen_k
+        key_rows = (start + offs_n).to(tl.int64)  # a long sequence's element offsets may pass 2^31
         if USE_TMA:
             k_n = KN_DESC.load([k_start + start, head * DN])
             k_r = KR_DESC.load([k_start + start, 0])
         else:
-            k_n = _load_block(kn_block, MASKED, MASK_DN)
-            k_r = _load_block(kr_block, MASKED, MASK_DR)
+            kn_ptrs = KN_SEQ + key_rows[:, None] * stride_kn_t + offs_dn[None, :]
+            kr_ptrs = KR_SEQ + key_rows[:, None] * stride_kr_t + offs_dr[None, :]
+            k_n = _load_tile(kn_ptrs, keys_ok, offs_dn < DN, MASKED, DN != DN_PAD)
+            k_r = _load_tile(kr_ptrs, keys_ok, offs_dr < DR, MASKED, DR != DR_PAD)
         scores = _mma(q_n, tl.trans(k_n), UPCAST)
         scores = _mma_acc(q_r, tl.trans(k_r), scores, UPCAST)
         if MASKED:
             keys = start + offs_n
-            visible = (keys < seqlen_k)[None, :]
+            visible = keys_ok[None, :]
             if CAUSAL:
                 visible = visible & (keys[None, :] <= q_pos[:, None])
             scores = tl.where(visible, scores * qk_scale, float("-inf"))
@@ -754,12 +748,10 @@ def _prefill_attend(
         if USE_TMA:
             v_t = V_DESC.load([k_start + start, head * DV])
         else:
-            v_t = _load_block(v_block, MASKED, MASK_DV)
+            v_ptrs = V_SEQ + key_rows[:, None] * stride_v_t + offs_dv[None, :]
+            v_t = _load_tile(v_ptrs, keys_ok, offs_dv < DV, MASKED, DV != DV_PAD)
         acc = _mma_acc(p.to(v_t.dtype), v_t, acc * alpha[:, None], UPCAST)
         m_i = m_new
-        kn_block = tl.advance(kn_block, (BLOCK_N, 0))
-        kr_block = tl.advance(kr_block, (BLOCK_N, 0))
-        v_block = tl.advance(v_block, (BLOCK_N, 0))
     return acc, l_i, m_i
 
 
@@ -802,12 +794,9 @@ def _mla_prefill_kernel(
     q_r = _load_tile(q_rows[:, None] + DN + offs_dr[None, :], row_ok, offs_dr < DR, True, DR != DR_PAD)
     # this sequence's keys of this head as [seqlen_k, D] matrices; k_pe has no head: all heads share it
     k_base = k_start.to(tl.int64)  # element offsets of packed tensors may pass 2^31
-    kn_block = tl.make_block_ptr(K_NOPE + k_base * stride_kn_t + head * stride_kn_h, (seqlen_k, DN),
-                                 (stride_kn_t, 1), (0, 0), (BLOCK_N, DN_PAD), (1, 0))
-    kr_block = tl.make_block_ptr(K_PE + k_base * stride_kr_t, (seqlen_k, DR),
-                                 (stride_kr_t, 1), (0, 0), (BLOCK_N, DR_PAD), (1, 0))
-    v_block = tl.make_block_ptr(V + k_base * stride_v_t + head * stride_v_h, (seqlen_k, DV),
-                                (stride_v_t, 1), (0, 0), (BLOCK_N, DV_PAD), (1, 0))
+    kn_seq = K_NOPE + k_base * stride_kn_t + head * stride_kn_h
+    kr_seq = K_PE + k_base * stride_kr_t
+    v_seq = V + k_base * stride_v_t + head * stride_v_h
 
     if CAUSAL:
         # queries and keys are the same tokens: key j is visible to query i iff j <= i. Keys before m0
@@ -823,14 +812,14 @@ def _mla_prefill_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, DV_PAD], tl.float32)
     acc, l_i, m_i = _prefill_attend(
-        acc, l_i, m_i, q_n, q_r, kn_block, kr_block, v_block, KN_DESC, KR_DESC, V_DESC, k_start, head,
-        offs_m, seqlen_k, 0, full_end, qk_scale,
-        DN, DV, DN != DN_PAD, DR != DR_PAD, DV != DV_PAD, False, CAUSAL, BLOCK_N, USE_TMA, UPCAST,
+        acc, l_i, m_i, q_n, q_r, kn_seq, kr_seq, v_seq, stride_kn_t, stride_kr_t, stride_v_t,
+        KN_DESC, KR_DESC, V_DESC, k_start, head, offs_m, seqlen_k, 0, full_end, qk_scale,
+        DN, DR, DV, DN_PAD, DR_PAD, DV_PAD, False, CAUSAL, BLOCK_N, USE_TMA, UPCAST,
     )
     acc, l_i, m_i = _prefill_attend(
-        acc, l_i, m_i, q_n, q_r, kn_block, kr_block, v_block, KN_DESC, KR_DESC, V_DESC, k_start, head,
-        offs_m, seqlen_k, full_end, hi, qk_scale,
-        DN, DV, DN != DN_PAD, DR != DR_PAD, DV != DV_PAD, True, CAUSAL, BLOCK_N, USE_TMA, UPCAST,
+        acc, l_i, m_i, q_n, q_r, kn_seq, kr_seq, v_seq, stride_kn_t, stride_kr_t, stride_v_t,
+        KN_DESC, KR_DESC, V_DESC, k_start, head, offs_m, seqlen_k, full_end, hi, qk_scale,
+        DN, DR, DV, DN_PAD, DR_PAD, DV_PAD, True, CAUSAL, BLOCK_N, USE_TMA, UPCAST,
     )
 
     # a row that saw no key (only with seqlen_k == 0) gets zeros and lse = -inf

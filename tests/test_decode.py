@@ -4,6 +4,8 @@ Runs in Triton's interpreter without a GPU and unchanged on one. Outputs are poi
 call and workspaces are NaN-filled (MLAGEN_POISON_WORKSPACE, conftest), so unwritten elements fail.
 """
 
+from unittest.mock import patch
+
 import pytest
 import torch
 from hypothesis import given, note
@@ -38,6 +40,8 @@ def decode_problems(draw):
     num_parts = draw(st.one_of(st.none(), st.integers(1, 9)))
     # default (plan's cost rule) or forced small runs, so that splits and the combine are exercised
     min_blocks = draw(st.sampled_from([None, 1, 2]))
+    # whole-page cache blocks through TMA descriptors, or every block gathered through the page table
+    tma = draw(st.booleans())
     seed = draw(st.integers(0, 2**32 - 1))
     return dict(
         heads=heads,
@@ -49,6 +53,7 @@ def decode_problems(draw):
         seqlens=seqlens,
         num_parts=num_parts,
         min_blocks=min_blocks,
+        tma=tma,
         seed=seed,
     )
 
@@ -83,7 +88,8 @@ def test_decode_matches_reference(build_module, device, problem):
         device=device,
     )
     lse = torch.full((batch, module.NUM_HEADS, seqlen_q), float("nan"), device=device)
-    got, got_lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
+    with patch.object(module, "DECODE_USE_TMA", problem["tma"]):
+        got, got_lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
     assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
     want, want_lse = decode_reference(module, inputs)
     assert not got.isnan().any(), "unwritten or NaN output elements"

@@ -5,6 +5,8 @@ call and workspaces are NaN-filled (MLAGEN_POISON_WORKSPACE, conftest), so unwri
 Lengths are drawn around the tile sizes the module uses on this device (block boundaries +-1).
 """
 
+from unittest.mock import patch
+
 import pytest
 import torch
 from hypothesis import given, note
@@ -87,7 +89,9 @@ def prefill_problems(draw):
     geometry = draw(st.sampled_from(GEOMETRIES))
     dtype = draw(st.sampled_from(["bfloat16", "float16"]))
     tiles = draw(st.sampled_from([None, *EXTRA_TILES]))
-    return dict(geometry=geometry, dtype=dtype, tiles=tiles, seed=draw(st.integers(0, 2**32 - 1)))
+    # key / value tiles through TMA descriptors or through pointer tiles: both load paths are checked
+    tma = draw(st.booleans())
+    return dict(geometry=geometry, dtype=dtype, tiles=tiles, tma=tma, seed=draw(st.integers(0, 2**32 - 1)))
 
 
 @given(problem=prefill_problems(), data=st.data())
@@ -102,9 +106,10 @@ def test_prefill_matches_reference(build_module, device, problem, data):
     cu = packed(lengths, device)
     q, k_nope, k_pe, v = random_mha(module, sum(lengths), g, device)
     out, lse = poisoned(module, sum(lengths), device)
-    got, got_lse = module.mla_prefill(
-        q, k_nope, k_pe, v, cu, max(lengths), return_lse=True, out=out, lse=lse, config=config
-    )
+    with patch.object(module, "PREFILL_USE_TMA", problem["tma"]):
+        got, got_lse = module.mla_prefill(
+            q, k_nope, k_pe, v, cu, max(lengths), return_lse=True, out=out, lse=lse, config=config
+        )
     assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
     want, want_lse = prefill_varlen(q.double(), k_nope.double(), k_pe.double(), v.double(), cu, module.SOFTMAX_SCALE)
     check(got, got_lse, want, want_lse, problem["dtype"])
