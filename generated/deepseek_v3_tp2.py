@@ -17,9 +17,20 @@ Needs only torch, triton and the Python standard library.
 """
 
 import os
+import re
+import warnings
 
 import torch
 import triton
+
+#: Triton releases these kernels are tested with, as (major, minor): [lowest, first unsupported). Checked
+#: before the other triton imports, which a release outside the range may lack.
+TRITON_SUPPORTED = ((3, 6), (3, 10))
+_release = re.match(r"(\d+)\.(\d+)", triton.__version__)
+TRITON_VERSION = (int(_release.group(1)), int(_release.group(2))) if _release else (0, 0)
+if not TRITON_SUPPORTED[0] <= TRITON_VERSION < TRITON_SUPPORTED[1]:
+    warnings.warn("mlagen supports triton>=3.6,<3.10 (tested: 3.6.0, 3.9.0) but found triton {installed}; generated kernels may fail to compile or run: pip install 'triton>=3.6,<3.10'".format(installed=triton.__version__), stacklevel=2)
+
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 

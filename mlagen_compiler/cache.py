@@ -35,6 +35,7 @@ from ._version import __version__
 from .compile import atomic_write_text, import_module_from_path, module_source
 from .render import templates_digest
 from .spec import MLASpec
+from .triton_support import triton_version
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -79,8 +80,6 @@ def _canonical(value: Any) -> str:
 
 def key_inputs(spec: MLASpec, tuned: Mapping[str, Any] | None, *, triton: str | None = None) -> dict[str, Any]:
     """Everything the key covers, as plain data (also recorded in the manifest)."""
-    from .tuning import triton_version
-
     return {
         "format": CACHE_FORMAT,
         "spec": spec.canonical_json(),

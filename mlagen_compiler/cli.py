@@ -104,6 +104,11 @@ def compile_command(
     tuning: TuningOption = "all",
 ) -> None:
     """Validate, lower and render each spec into OUT_DIR/<name>.py (with its tuned configurations)."""
+    from .triton_support import triton_version, unsupported_message
+
+    warning = unsupported_message(triton_version())
+    if warning:
+        typer.echo(f"mlagen: warning: {warning}", err=True)
     for spec in _specs(specs or [], all_bundled, spec_dir):
         path = compile_spec(spec, out_dir, _tuned(spec, tuning))
         typer.echo(f"{spec.name}: wrote {path} (kernels: {', '.join(spec.kernels)})")

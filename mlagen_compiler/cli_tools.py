@@ -99,6 +99,14 @@ class _Progress:
             self._bar.stop()
 
 
+def _triton_line(version: str | None) -> str:
+    from .triton_support import TRITON_REQUIREMENT, TRITON_TESTED, triton_supported
+
+    verdict = "inside" if triton_supported(version) else "OUTSIDE"
+    tested = ", ".join(TRITON_TESTED)
+    return f"{version or 'not installed'}  ({verdict} the supported range {TRITON_REQUIREMENT}; CI tests {tested})"
+
+
 def register(
     app: typer.Typer, one_line_errors: Callable, usage_error: type[Exception], resolve_specs: Callable
 ) -> None:
@@ -165,7 +173,8 @@ def register(
 
         from .cache import cache_dir, directory_size, list_entries
         from .registry import registered_specs, spec_dirs
-        from .tuning import read_db, shipped_db_paths, triton_version, user_db_path
+        from .triton_support import triton_version
+        from .tuning import read_db, shipped_db_paths, user_db_path
 
         _, gpu_text = _gpu_visible()
         root = cache_dir()
@@ -175,7 +184,7 @@ def register(
             ("mlagen", __version__),
             ("python", f"{platform.python_version()} ({sys.executable})"),
             ("torch", torch.__version__),
-            ("triton", triton_version()),
+            ("triton", _triton_line(triton_version())),
             ("gpu", gpu_text),
             ("cache", f"{root}  ({len(entries)} module(s), {size / 1024:.0f} KiB; MLAGEN_CACHE_DIR)"),
         ]

@@ -18,6 +18,7 @@ import jinja2
 
 from ._version import __version__
 from .plan import KernelPlan, TileConfig
+from .triton_support import TRITON_BELOW, TRITON_MIN, unsupported_message
 
 __all__ = ["render_module", "template_dir", "templates_digest"]
 
@@ -87,6 +88,9 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "softmax_scale": repr(plan.softmax_scale),
         "ln2": repr(math.log(2.0)),
         "interpreter_sm_count": INTERPRETER_SM_COUNT,
+        "triton_min": repr(TRITON_MIN),
+        "triton_below": repr(TRITON_BELOW),
+        "triton_warning": repr(unsupported_message("{installed}")),
         "decode": plan.decode,
         "prefill": plan.prefill,
     }

@@ -29,6 +29,25 @@ settings.load_profile(os.environ.get("MLAGEN_HYPOTHESIS_PROFILE", "dev"))
 DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 
 
+def pytest_report_header(config):
+    """Which Triton and which kernel paths this run exercises (the paths differ between machines)."""
+    import triton
+
+    from mlagen_compiler.triton_support import TRITON_REQUIREMENT, triton_supported
+
+    where = (
+        f"on {torch.cuda.get_device_name()} (compiled kernels)"
+        if torch.cuda.is_available()
+        else "in Triton's CPU interpreter (TRITON_INTERPRET=1)"
+    )
+    inside = "inside" if triton_supported(triton.__version__) else "OUTSIDE"
+    return [
+        f"mlagen: triton {triton.__version__} ({inside} the supported range {TRITON_REQUIREMENT}), kernels run {where}",
+        "mlagen: decode backend: portable Triton; cache / key / value tiles through TMA descriptors and through "
+        "pointer loads (both drawn by the property tests)",
+    ]
+
+
 @pytest.fixture(scope="session")
 def device() -> torch.device:
     return DEVICE
