@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import time
 import warnings
@@ -33,6 +32,7 @@ from typing import Any
 
 from ._version import __version__
 from .compile import atomic_write_text, import_module_from_path, module_source
+from .paths import CACHE_DIR_ENV, cache_dir
 from .render import templates_digest
 from .spec import MLASpec
 from .triton_support import triton_version
@@ -50,7 +50,6 @@ __all__ = [
     "load",
 ]
 
-CACHE_DIR_ENV = "MLAGEN_CACHE_DIR"
 #: bump when the layout of an entry or the composition of the key changes
 CACHE_FORMAT = 1
 LOCK_TIMEOUT_S = 300.0
@@ -63,15 +62,6 @@ class CacheError(OSError):
 
 class CacheIntegrityWarning(UserWarning):
     """A cache entry did not match its recorded hash and was rebuilt."""
-
-
-def cache_dir() -> Path:
-    env = os.environ.get(CACHE_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("mlagen", appauthor=False))
 
 
 def _canonical(value: Any) -> str:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from .compile import atomic_write_text
+from .paths import cache_dir, shipped_tuning_dir
 from .spec import MLASpec
 from .triton_support import triton_version
 
@@ -63,9 +64,7 @@ class TuningDBError(ValueError):
 # ---- where databases live ----------------------------------------------------------------------------
 def shipped_db_paths() -> list[Path]:
     """Databases shipped with mlagen (`tuning/*.json` in the repository, `_data/tuning` in the wheel)."""
-    from .render import _data_dir
-
-    return sorted(_data_dir("tuning").glob("*.json"))
+    return sorted(shipped_tuning_dir().glob("*.json"))
 
 
 def user_db_path() -> Path:
@@ -73,8 +72,6 @@ def user_db_path() -> Path:
     env = os.environ.get(TUNING_DB_ENV)
     if env:
         return Path(env).expanduser()
-    from .cache import cache_dir
-
     return cache_dir() / "tuning.json"
 
 
