@@ -84,10 +84,24 @@ def _sm_count(device):
     return _SM_COUNT[index]
 
 
-def _gpu_name(device):
+_GPU_KEY = {}
+
+
+def _gpu_key(device):
+    """(arch, device name) that tuned configurations are recorded under: ("sm90", "NVIDIA H100 80GB HBM3")."""
     if _INTERPRET or device.type != "cuda":
-        return "interpreter"
-    return torch.cuda.get_device_name(device)
+        return ("interpreter", "interpreter")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _GPU_KEY:
+        major, minor = torch.cuda.get_device_capability(index)
+        _GPU_KEY[index] = (f"sm{major}{minor}", torch.cuda.get_device_name(index))
+    return _GPU_KEY[index]
+
+
+def _tuned_config(table, gpu_key, bucket, fallback):
+    """The tuned configuration for this (arch, device name) and bucket, else the arch's ("*"), else fallback."""
+    arch, name = gpu_key
+    return table.get((arch, name, bucket), table.get((arch, "*", bucket), fallback))
 
 
 def _check(condition, name, message):
@@ -202,8 +216,13 @@ DECODE_SPACE = {16: [(16, 4, 1),
 #: untuned defaults per block_m
 DECODE_DEFAULTS = {16: (32, 4, 3), 32: (64, 4, 2), 64: (64, 8, 2)}
 DECODE_INTERPRETER_CONFIG = (16, 4, 1)
-#: tuned configurations: (gpu name, bucket) -> (block_n, num_warps, num_stages)
-DECODE_TUNED = {('NVIDIA H100 80GB HBM3', 'm64'): (64, 8, 2)}
+#: tuned configurations: (arch, gpu name or "*" for the arch, bucket) -> (block_n, num_warps, num_stages)
+DECODE_TUNED = {('sm90', '*', 'm16'): (32, 4, 3),
+ ('sm90', '*', 'm32'): (32, 4, 2),
+ ('sm90', '*', 'm64'): (64, 8, 2),
+ ('sm90', 'NVIDIA H100 80GB HBM3', 'm16'): (32, 4, 3),
+ ('sm90', 'NVIDIA H100 80GB HBM3', 'm32'): (32, 4, 2),
+ ('sm90', 'NVIDIA H100 80GB HBM3', 'm64'): (64, 8, 2)}
 
 
 @triton.jit
@@ -516,7 +535,7 @@ def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, 
             config = DECODE_INTERPRETER_CONFIG
         else:
             fallback = (DECODE_SMALL_DEFAULTS if small else DECODE_DEFAULTS)[block_m]
-            config = DECODE_TUNED.get((_gpu_name(device), decode_bucket(block_m, small)), fallback)
+            config = _tuned_config(DECODE_TUNED, _gpu_key(device), decode_bucket(block_m, small), fallback)
     _check(len(config) == 3, "config", f"expected (block_n, num_warps, num_stages), got {config!r}")
     if min_blocks_per_part is None:
         # short row blocks in the latency regime: one cache block per run already pays for its fixed cost
@@ -681,7 +700,7 @@ PREFILL_SPACE = [(64, 32, 4, 1),
 #: untuned default
 PREFILL_DEFAULT = (128, 64, 8, 3)
 PREFILL_INTERPRETER_CONFIG = (16, 16, 4, 1)
-#: tuned configurations: (gpu name, bucket) -> (block_m, block_n, num_warps, num_stages)
+#: tuned configurations: (arch, gpu name or "*" for the arch, bucket) -> (block_m, block_n, num_warps, num_stages)
 PREFILL_TUNED = {}
 #: fetch key / value tiles with TMA tensor descriptors where the layout allows (MLAGEN_PREFILL_TMA=0: off)
 PREFILL_USE_TMA = os.environ.get("MLAGEN_PREFILL_TMA", "1") != "0"
@@ -918,7 +937,7 @@ def prefill_config(device=None, bucket="causal"):
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     if _INTERPRET or device.type != "cuda":
         return PREFILL_INTERPRETER_CONFIG
-    return PREFILL_TUNED.get((_gpu_name(device), bucket), PREFILL_DEFAULT)
+    return _tuned_config(PREFILL_TUNED, _gpu_key(device), bucket, PREFILL_DEFAULT)
 
 
 def _check_cu_seqlens(cu_seqlens, name, device):

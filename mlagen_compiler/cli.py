@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 
+from . import cli_tools
 from ._version import __version__
+from .cli_common import AllOption, SpecArgs, SpecDirOption, UsageError, one_line_errors
+from .cli_common import check_spec_dirs as _spec_dirs
+from .cli_common import resolve_specs as _specs
 from .compile import compile_spec, import_module_from_path
 from .plan import lower
 from .registry import registered_specs, resolve_spec, spec_dirs
@@ -26,55 +28,6 @@ app = typer.Typer(
     add_completion=False,
 )
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for; reported as one line."""
-
-
-def fail(message: str) -> None:
-    typer.echo(f"mlagen: error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def one_line_errors(func: F) -> F:
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (SpecError, UsageError, ValueError, OSError) as error:
-            fail(" | ".join(str(error).splitlines()) or type(error).__name__)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _spec_dirs(dirs: list[Path] | None) -> list[Path]:
-    for directory in dirs or []:
-        if not directory.is_dir():
-            raise UsageError(f"--spec-dir {directory}: not a directory")
-    return list(dirs or [])
-
-
-def _specs(args: list[str], all_bundled: bool, dirs: list[Path] | None = None) -> list[MLASpec]:
-    extra = _spec_dirs(dirs)
-    if all_bundled:
-        args = [*args, *registered_specs(extra)]
-    if not args:
-        raise UsageError("no spec given: name YAML files or registered specs, or pass --all")
-    specs = [resolve_spec(a, extra) for a in args]
-    seen: dict[str, MLASpec] = {}
-    for spec in specs:
-        seen.setdefault(spec.name, spec)
-    return list(seen.values())
-
-
-SpecArgs = Annotated[list[str] | None, typer.Argument(help="YAML spec files or registered spec names")]
-AllOption = Annotated[bool, typer.Option("--all", help="every registered spec")]
-SpecDirOption = Annotated[
-    list[Path] | None,
-    typer.Option("--spec-dir", help="directory of user specs to register (repeatable; also MLAGEN_SPEC_PATH)"),
-]
 TuningOption = Annotated[
     str,
     typer.Option(
@@ -204,9 +157,7 @@ def verify_command(
         raise typer.Exit(1)
 
 
-from .cli_tools import register as _register_tools  # noqa: E402  (tune, env, cache: see cli_tools.py)
-
-_register_tools(app, one_line_errors, UsageError, _specs)
+cli_tools.register(app)  # tune, tuning, env, cache
 
 
 @app.callback(invoke_without_command=True)

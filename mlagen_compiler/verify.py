@@ -184,8 +184,13 @@ def prefill_cases(on_gpu: bool) -> list[PrefillCase]:
     return [PrefillCase("B=3 varlen", (1, 17, 33), (0, 5, 20))]
 
 
-def run_prefill_case(module: ModuleType, case: PrefillCase, generator, device) -> list[CaseResult]:
-    """mla_prefill, mla_chunked_prefill and mla_cache_write on one set of random inputs."""
+def run_prefill_case(
+    module: ModuleType, case: PrefillCase, generator, device, config: tuple[int, ...] | None = None
+) -> list[CaseResult]:
+    """mla_prefill, mla_chunked_prefill and mla_cache_write on one set of random inputs.
+
+    config: a prefill tile configuration to force (the tuner checks each one); default: the module's choice.
+    """
     import torch
 
     from .reference import cache_write, chunked_prefill, prefill_varlen
@@ -213,7 +218,7 @@ def run_prefill_case(module: ModuleType, case: PrefillCase, generator, device) -
         return CaseResult(name, kernel, case.name, max_err, rel, not message, message)
 
     results = []
-    out, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, max(case.seqlens), return_lse=True)
+    out, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, max(case.seqlens), return_lse=True, config=config)
     ref = prefill_varlen(q.double(), k_nope.double(), k_pe.double(), v.double(), bounds, module.SOFTMAX_SCALE)
     results.append(judge("prefill", out, lse, *ref))
 
@@ -230,7 +235,7 @@ def run_prefill_case(module: ModuleType, case: PrefillCase, generator, device) -
     w_uk, w_uv = rnd(heads, dn, dc) / dc**0.5, rnd(heads, dv, dc) / dc**0.5
     prefix = torch.tensor(case.prefix_lens, dtype=torch.int32, device=device)
     out, lse = module.mla_chunked_prefill(
-        q, k_nope, k_pe, v, cu, max(case.seqlens), cache, table, prefix, w_uk, w_uv, return_lse=True
+        q, k_nope, k_pe, v, cu, max(case.seqlens), cache, table, prefix, w_uk, w_uv, return_lse=True, config=config
     )
     ref = chunked_prefill(
         q.double(), k_nope.double(), k_pe.double(), v.double(), bounds, cache.double(), table, case.prefix_lens,
