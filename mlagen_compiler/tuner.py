@@ -195,34 +195,26 @@ def _device_generator(generator, device):
 
 
 def make_inputs(module: ModuleType, seqlens: Sequence[int], seqlen_q: int, generator, device) -> dict[str, Any]:
-    """Random q and paged latent cache for `seqlens`: pages shuffled over a pool with spare pages, data
-    N(0, 1) in the spec's dtype (never zeros), block_table width rounded up to a multiple of 16."""
+    """Random q and paged latent cache for `seqlens` (`verify.paged_block_table`: shuffled pages, spare pages,
+    stale entries in unused slots, width and pool rounded up to multiples of 16), data N(0, 1) in the
+    spec's dtype (never zeros), drawn on the device (a serving batch's cache is gigabytes)."""
     import torch
 
-    page_size = module.PAGE_SIZE
+    from .verify import paged_block_table
+
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
-    batch = len(seqlens)
-    pages_per_seq = [max(1, -(-int(s) // page_size)) for s in seqlens]
-    table_width = -(-max(pages_per_seq) // _TABLE_ALIGN) * _TABLE_ALIGN
-    num_pages = sum(pages_per_seq) + max(8, sum(pages_per_seq) // 16)
-    num_pages = -(-num_pages // _TABLE_ALIGN) * _TABLE_ALIGN  # same divisibility in warm-up and timing
-    perm = torch.randperm(num_pages, generator=generator).to(torch.int32)
-    block_table = torch.zeros((batch, table_width), dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(pages_per_seq):
-        block_table[b, :n] = perm[used : used + n]
-        used += n
-    # unused table slots point at real (random) pages, as a serving engine's stale entries would
-    tail = torch.randint(0, num_pages, (batch, table_width), generator=generator, dtype=torch.int32)
-    mask = torch.arange(table_width)[None, :] >= torch.tensor(pages_per_seq)[:, None]
-    block_table = torch.where(mask, tail, block_table)
+    spare = max(8, sum(-(-int(s) // module.PAGE_SIZE) for s in seqlens) // 16)
+    block_table, num_pages = paged_block_table(
+        seqlens, module.PAGE_SIZE, generator, spare_pages=spare, align=_TABLE_ALIGN
+    )
     device = torch.device(device)
     data_gen = _device_generator(generator, device)
-    kv = torch.randn(num_pages, page_size, 1, width, generator=data_gen, device=device, dtype=module.DTYPE)
-    q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, generator=data_gen, device=device, dtype=module.DTYPE)
+    shape_q = (len(seqlens), seqlen_q, module.NUM_HEADS, width)
     return {
-        "q": q,
-        "kv_cache": kv,
+        "q": torch.randn(shape_q, generator=data_gen, device=device, dtype=module.DTYPE),
+        "kv_cache": torch.randn(
+            num_pages, module.PAGE_SIZE, 1, width, generator=data_gen, device=device, dtype=module.DTYPE
+        ),
         "block_table": block_table.to(device),
         "cache_seqlens": torch.tensor(list(seqlens), dtype=torch.int32, device=device),
     }
@@ -233,37 +225,23 @@ def make_prefill_inputs(module: ModuleType, seqlens: Sequence[int], prefix_len: 
     prefix_len tokens per sequence already in MHA form, as chunked prefill attends to it."""
     import torch
 
+    from .verify import cu_seqlens, random_mha
+
     device = torch.device(device)
     data_gen = _device_generator(generator, device)
-    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=data_gen, device=device, dtype=module.DTYPE)
-
-    def cumulative(lengths):
-        bounds = [0]
-        for n in lengths:
-            bounds.append(bounds[-1] + int(n))
-        return torch.tensor(bounds, dtype=torch.int32, device=device)
-
-    cu = cumulative(seqlens)
-    total = int(cu[-1])
+    q, k_nope, k_pe, v = random_mha(module, sum(int(s) for s in seqlens), data_gen, device)
     inputs = {
-        "q": rnd(total, heads, dn + dr),
-        "k_nope": rnd(total, heads, dn),
-        "k_pe": rnd(total, dr),
-        "v": rnd(total, heads, dv),
-        "cu_seqlens": cu,
+        "q": q,
+        "k_nope": k_nope,
+        "k_pe": k_pe,
+        "v": v,
+        "cu_seqlens": cu_seqlens(seqlens, device),
         "max_seqlen": max(int(s) for s in seqlens),
     }
     if prefix_len > 0:
         prefix = [prefix_len] * len(seqlens)
-        inputs["prefix"] = {
-            "k_nope": rnd(sum(prefix), heads, dn),
-            "k_pe": rnd(sum(prefix), dr),
-            "v": rnd(sum(prefix), heads, dv),
-            "cu_prefix": cumulative(prefix),
-        }
+        _, pre_k_nope, pre_k_pe, pre_v = random_mha(module, sum(prefix), data_gen, device)  # its q is not used
+        inputs["prefix"] = {"k_nope": pre_k_nope, "k_pe": pre_k_pe, "v": pre_v, "cu_prefix": cu_seqlens(prefix, device)}
     return inputs
 
 
@@ -328,7 +306,7 @@ def _check_config(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], co
     """
     import torch
 
-    from .verify import LSE_TOLERANCE, compare, prefill_cases, run_prefill_case
+    from .verify import compare_with_lse, prefill_cases, run_prefill_case
 
     if bucket.kernel == "prefill":
         device = inputs["q"].device
@@ -345,14 +323,7 @@ def _check_config(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], co
     out = torch.full((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), nan, dtype=module.DTYPE, device=q.device)
     lse = torch.full((batch, module.NUM_HEADS, seqlen_q), nan, dtype=torch.float32, device=q.device)
     module.mla_decode(**inputs, schedule=schedule, out=out, lse=lse, return_lse=True)
-    _, _, message = compare(out, reference[0], module.SPEC["dtype"])
-    if message:
-        return message
-    try:
-        torch.testing.assert_close(lse.double(), reference[1], **LSE_TOLERANCE)
-    except AssertionError as error:
-        return "lse: " + str(error).splitlines()[0]
-    return ""
+    return compare_with_lse(out, lse, *reference, module.SPEC["dtype"])[2]
 
 
 def _reference(module: ModuleType, bucket: Bucket, inputs: dict[str, Any]):
