@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SMALL_SPEC
 from typer.testing import CliRunner
 
 import mlagen_compiler
@@ -36,16 +37,7 @@ from mlagen_compiler.tuning import TuningDBError, read_db, tuned_for_spec, write
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = "NVIDIA H100 80GB HBM3"
-FIELDS = dict(
-    name="tune-me",
-    num_heads=16,
-    kv_lora_rank=64,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=32,
-    v_head_dim=32,
-    page_size=16,
-    dtype="float16",
-)
+FIELDS = {**SMALL_SPEC, "name": "tune-me"}
 
 
 def entry(spec, bucket="m16", config=(64, 4, 2), gpu=H100, triton=None, kernel="decode", arch="sm90", **extra):
