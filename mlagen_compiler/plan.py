@@ -19,6 +19,7 @@ __all__ = [
     "DecodePlan",
     "PlanError",
     "KernelPlan",
+    "CacheWritePlan",
     "PrefillConfig",
     "PrefillPlan",
     "TileConfig",
@@ -157,7 +158,7 @@ class PrefillConfig:
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """Prefill in the decompressed (MHA) form, chunked prefill over the latent cache, cache write.
+    """Prefill in the decompressed (MHA) form and chunked prefill over the latent cache.
 
     The qk head dim Dn + Dr (192 for DeepSeek) is not a power of two, so the score dot is split into a
     nope part (Dn padded to ``dn_pad``) and a rope part (Dr padded to ``dr_pad``): two power-of-two dots
@@ -172,16 +173,24 @@ class PrefillPlan:
     dn_pad: int
     dr_pad: int
     dv_pad: int
-    dc_pad: int
     #: autotune space (sorted)
     space: tuple[PrefillConfig, ...]
     #: configuration used when no tuned one is recorded for the GPU
     default: PrefillConfig
     #: configuration used under TRITON_INTERPRET (small tiles keep numpy fast)
     interpreter: PrefillConfig
-    #: tokens per program of the LSE merge kernel and of the cache-write kernel
+    #: tokens per program of the LSE merge kernel
     merge_block_t: int
-    cache_write_block_t: int
+
+
+@dataclass(frozen=True)
+class CacheWritePlan:
+    """Writing new tokens' [c_kv ; k_pe] rows into the paged cache: emitted for every spec, since every
+    user of decode or chunked prefill fills the cache. One program per block_t tokens."""
+
+    dc_pad: int
+    dr_pad: int
+    block_t: int
 
 
 @dataclass(frozen=True)
@@ -194,7 +203,8 @@ class KernelPlan:
     page_size: int
     softmax_scale: float
     decode: DecodePlan | None
-    prefill: PrefillPlan | None = None
+    prefill: PrefillPlan | None
+    cache_write: CacheWritePlan
 
     def summary(self) -> dict[str, Any]:
         """The plan as plain data (what `mlagen show` prints)."""
@@ -399,13 +409,15 @@ def lower_prefill(spec: MLASpec) -> PrefillPlan:
         dn_pad=dn_pad,
         dr_pad=dr_pad,
         dv_pad=dv_pad,
-        dc_pad=next_pow2(dc),
         space=space,
         default=_default_prefill_config(space),
         interpreter=PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1),
         merge_block_t=16,
-        cache_write_block_t=16,
     )
+
+
+def lower_cache_write(spec: MLASpec) -> CacheWritePlan:
+    return CacheWritePlan(dc_pad=next_pow2(spec.kv_lora_rank), dr_pad=next_pow2(spec.qk_rope_head_dim), block_t=16)
 
 
 def lower(spec: MLASpec) -> KernelPlan:
@@ -419,4 +431,5 @@ def lower(spec: MLASpec) -> KernelPlan:
         softmax_scale=softmax_scale_of(spec),
         decode=lower_decode(spec) if "decode" in spec.kernels else None,
         prefill=lower_prefill(spec) if "prefill" in spec.kernels else None,
+        cache_write=lower_cache_write(spec),
     )
