@@ -21,13 +21,15 @@ from ._version import __version__
 
 __all__ = ["register"]
 
-# the same option types as cli.py's (annotations must resolve in this module's globals)
+# option types shared with cli.py (annotations must resolve in each module's globals, so cli.py imports them)
 SpecArgs = Annotated[list[str] | None, typer.Argument(help="YAML spec files or registered spec names")]
 AllOption = Annotated[bool, typer.Option("--all", help="every registered spec")]
 SpecDirOption = Annotated[
     list[Path] | None,
     typer.Option("--spec-dir", help="directory of user specs to register (repeatable; also MLAGEN_SPEC_PATH)"),
 ]
+#: seeds feed torch.Generator.manual_seed after an offset per case, so they stay well inside 64 bits
+SeedOption = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs (0..2**32-1)")]
 
 
 def _gpu_visible() -> tuple[bool, str]:
@@ -135,7 +137,7 @@ def register(
         ] = None,
         warmup_ms: Annotated[int, typer.Option(help="do_bench warm-up per configuration and case (ms)")] = 25,
         rep_ms: Annotated[int, typer.Option(help="do_bench measuring time per configuration and case (ms)")] = 100,
-        seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+        seed: SeedOption = 0,
     ) -> None:
         """Benchmark each spec's autotune space on this GPU and record the winners in a tuning database.
 
