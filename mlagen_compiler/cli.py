@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -171,6 +172,8 @@ def verify_command(
     On the GPU if there is one, else in Triton's interpreter. Exit code 1 if any case fails.
     """
     from .verify import use_interpreter_if_no_gpu, verify_module
+
+    os.environ["MLAGEN_VALIDATE"] = "1"  # index values checked on the GPU too (read when a module is imported)
 
     chosen = _specs(specs or [], all_bundled, spec_dir)
     on_gpu = use_interpreter_if_no_gpu()
