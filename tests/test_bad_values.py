@@ -107,6 +107,31 @@ def test_chunked_prefill_prefix_pages(module, mutate, message):
         module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv)
 
 
+@pytest.mark.parametrize(
+    ("total", "message"),
+    [(9, "num_prefix_tokens: 9 is not the sum of prefix_lens (10)"), (-1, "num_prefix_tokens: must be an int >= 0")],
+)
+def test_chunked_prefill_prefix_total(module, total, message):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    cache, table, prefix, w_uk, w_uv = chunked_extras(module, 2)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv, num_prefix_tokens=total)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device synchronisation is only observable on a GPU")
+def test_chunked_prefill_with_a_host_total_never_synchronises(build_module):
+    module = build_module(**FIELDS)
+    q, k_nope, k_pe, v, cu = (t.cuda() for t in mha(module, [3, 5]))
+    cache, table, prefix, w_uk, w_uv = (t.cuda() for t in chunked_extras(module, 2))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        module.mla_chunked_prefill(
+            q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv, num_prefix_tokens=10, validate=False
+        )
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_unused_block_table_entries_are_not_checked(module):
     """Entries past a sequence's pages are never read, so padding them with -1 (as engines do) is fine."""
     q, k_nope, k_pe, v, cu = mha(module, [3, 5])
