@@ -189,3 +189,42 @@ def test_validate_false_is_the_callers_contract(module):
     with pytest.raises(ValueError, match="max_seqlen"):
         module.mla_prefill(q, k_nope, k_pe, v, cu, 3, validate=True)
     module.mla_prefill(q, k_nope, k_pe, v, cu, 3, validate=False)  # no check, no error (tokens 3, 4 unwritten)
+
+
+def decode_args(module, lengths, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    pages = -(-max(lengths) // module.PAGE_SIZE)
+    kv = torch.randn(len(lengths) * pages + 1, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
+    table = torch.randperm(len(lengths) * pages, generator=g).view(len(lengths), pages).to(torch.int32)
+    q = torch.randn(len(lengths), 1, module.NUM_HEADS, 80, generator=g).to(module.DTYPE)
+    return q, kv, table, torch.tensor(lengths, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (("table", (1, 2)), 13, "block_table[1, 2] = 13: a page used by its sequence must be in [0, 12]"),
+        (("table", (0, 0)), -1, "block_table[0, 0] = -1: a page used by its sequence must be in [0, 12]"),
+        (("lengths", 1), 13, "cache_seqlens[1] = 13: a length (block_table rows hold 12 tokens) must be in [0, 12]"),
+        (("lengths", 0), 2**31 - 1, "cache_seqlens[0] = 2147483647: a length (block_table rows hold 12 tokens)"),
+        (("lengths", 0), -5, "cache_seqlens[0] = -5: a length (block_table rows hold 12 tokens) must be in [0, 12]"),
+    ],
+)
+def test_decode_pages_and_lengths(module, where, value, message):
+    q, kv, table, lengths = decode_args(module, [9, 11, 3, 12])
+    tensor, position = where
+    (table if tensor == "table" else lengths)[position] = value
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        module.mla_decode(q, kv, table, lengths)
+
+
+def test_a_negative_length_cannot_disturb_the_other_sequences(module):
+    """Unvalidated (the GPU default), a negative length counts as empty: the other sequences stay right."""
+    q, kv, table, lengths = decode_args(module, [9, 11, 3, 12])
+    schedule = module.get_decode_schedule(4, 1, num_parts=3, min_blocks_per_part=1)
+    want, want_lse = module.mla_decode(q, kv, table, lengths, schedule=schedule, return_lse=True)
+    lengths[2] = -(2**30)
+    got, lse = module.mla_decode(q, kv, table, lengths, schedule=schedule, return_lse=True, validate=False)
+    keep = [0, 1, 3]
+    torch.testing.assert_close(got[keep], want[keep], atol=0, rtol=0)
+    assert not got[2].any() and (lse[2] == float("-inf")).all()
