@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -12,7 +13,7 @@ import typer
 
 from . import cli_tools
 from ._version import __version__
-from .cli_common import AllOption, SpecArgs, SpecDirOption, UsageError, one_line_errors
+from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors
 from .cli_common import check_spec_dirs as _spec_dirs
 from .cli_common import resolve_specs as _specs
 from .compile import compile_spec, import_module_from_path
@@ -57,6 +58,8 @@ def compile_command(
     tuning: TuningOption = "all",
 ) -> None:
     """Validate, lower and render each spec into OUT_DIR/<name>.py (with its tuned configurations)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"-o {out_dir}: exists and is not a directory")
     from .triton_support import triton_version, unsupported_message
 
     warning = unsupported_message(triton_version())
@@ -113,7 +116,7 @@ def schema_command() -> None:
 def verify_command(
     specs: SpecArgs = None,
     all_bundled: AllOption = False,
-    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    seed: SeedOption = 0,
     spec_dir: SpecDirOption = None,
 ) -> None:
     """Run each spec's generated kernels against the PyTorch reference on random inputs.
@@ -121,6 +124,8 @@ def verify_command(
     On the GPU if there is one, else in Triton's interpreter. Exit code 1 if any case fails.
     """
     from .verify import use_interpreter_if_no_gpu, verify_module
+
+    os.environ["MLAGEN_VALIDATE"] = "1"  # index values checked on the GPU too (read when a module is imported)
 
     chosen = _specs(specs or [], all_bundled, spec_dir)
     on_gpu = use_interpreter_if_no_gpu()
@@ -169,8 +174,23 @@ def _root(
         raise typer.Exit(0)
 
 
-def main() -> None:
-    app(prog_name="mlagen")
+def main(argv: list[str] | None = None) -> int:
+    """The console entry point: like the typer app, but usage errors are one line too (exit code 2)."""
+    try:
+        result = app(args=argv, prog_name="mlagen", standalone_mode=False)
+    except typer.Abort:
+        typer.echo("mlagen: aborted", err=True)
+        return 130
+    except Exception as error:
+        # click's UsageError (unknown option, missing or bad value); click is vendored inside newer typer
+        # releases, so it is recognised by name rather than imported
+        if not any(cls.__name__ == "UsageError" for cls in type(error).__mro__):
+            raise
+        ctx = getattr(error, "ctx", None)
+        where = ctx.command_path if ctx is not None else "mlagen"
+        typer.echo(f"mlagen: error: {error.format_message()} (see '{where} --help')", err=True)
+        return 2
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

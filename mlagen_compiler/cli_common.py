@@ -18,6 +18,7 @@ from .spec import MLASpec, SpecError
 
 __all__ = [
     "AllOption",
+    "SeedOption",
     "SpecArgs",
     "SpecDirOption",
     "UsageError",
@@ -35,6 +36,8 @@ SpecDirOption = Annotated[
     list[Path] | None,
     typer.Option("--spec-dir", help="directory of user specs to register (repeatable; also MLAGEN_SPEC_PATH)"),
 ]
+#: seeds feed torch.Generator.manual_seed after an offset per case, so they stay well inside 64 bits
+SeedOption = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs (0..2**32-1)")]
 
 
 class UsageError(Exception):
@@ -74,8 +77,14 @@ def resolve_specs(args: list[str], all_bundled: bool, dirs: list[Path] | None = 
         args = [*args, *registered_specs(extra)]
     if not args:
         raise UsageError("no spec given: name YAML files or registered specs, or pass --all")
-    specs = [resolve_spec(a, extra) for a in args]
-    seen: dict[str, MLASpec] = {}
-    for spec in specs:
-        seen.setdefault(spec.name, spec)
-    return list(seen.values())
+    seen: dict[str, tuple[str, MLASpec]] = {}
+    for arg in args:
+        spec = resolve_spec(arg, extra)
+        if spec.name in seen and seen[spec.name][1] != spec:
+            # both would be written to the same module file; the second would silently win or be dropped
+            raise UsageError(
+                f"{seen[spec.name][0]} and {arg} are different specs with the same name '{spec.name}': "
+                "give each its own name"
+            )
+        seen.setdefault(spec.name, (str(arg), spec))
+    return [spec for _, spec in seen.values()]

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 import typer
 
 from ._version import __version__
-from .cli_common import AllOption, SpecArgs, SpecDirOption, UsageError, one_line_errors, resolve_specs
+from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors, resolve_specs
 
 __all__ = ["register"]
 
@@ -123,7 +123,7 @@ def tune_command(
     ] = None,
     warmup_ms: Annotated[int, typer.Option(help="do_bench warm-up per configuration and case (ms)")] = 25,
     rep_ms: Annotated[int, typer.Option(help="do_bench measuring time per configuration and case (ms)")] = 100,
-    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    seed: SeedOption = 0,
 ) -> None:
     """Benchmark each spec's autotune spaces on this GPU and record the winners in a tuning database.
 

@@ -14,6 +14,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 os.environ["MLAGEN_POISON_WORKSPACE"] = "1"
+# every index value checked against what it indexes, on the GPU too (on the CPU it is the default)
+os.environ["MLAGEN_VALIDATE"] = "1"
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
