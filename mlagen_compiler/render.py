@@ -54,6 +54,16 @@ def _config_tuple(config: TileConfig) -> tuple[int, int, int]:
     return (config.block_n, config.num_warps, config.num_stages)
 
 
+def tuning_source(tuned: dict[str, Any] | None) -> str:
+    """One line for the generated header: how many tuned configurations it carries and which GPUs measured them."""
+    tables = {kernel: table for kernel, table in (tuned or {}).items() if table}
+    if not tables:
+        return "none (the plan's untuned defaults)"
+    gpus = sorted({key.split("|")[1] for table in tables.values() for key in table} - {"*"})
+    counts = ", ".join(f"{kernel} {len(table)}" for kernel, table in sorted(tables.items()))
+    return f"{counts} (tuning database entries measured on {', '.join(gpus) or 'an unnamed GPU'})"
+
+
 def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dict[str, Any]:
     spec = plan.spec
     context: dict[str, Any] = {
@@ -61,6 +71,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "spec_name": spec.name,
         "spec_hash": plan.spec_hash,
         "templates_hash": templates_digest(),
+        "tuning_source": tuning_source(tuned),
         "spec_literal": _literal(spec.to_flat_dict()),
         "num_heads": plan.num_heads,
         "dc": spec.kv_lora_rank,
