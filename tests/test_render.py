@@ -8,6 +8,7 @@ from helpers import SMALL_SPEC
 from mlagen_compiler import __version__
 from mlagen_compiler.compile import module_source
 from mlagen_compiler.registry import registered_specs, resolve_spec
+from mlagen_compiler.render import templates_digest
 from mlagen_compiler.spec import spec_from_dict
 from mlagen_compiler.tuning import shipped_db_paths, tuned_for_spec
 
@@ -21,6 +22,12 @@ def test_deterministic_and_header():
     assert first == second
     header = first.splitlines()[0]
     assert "render-me" in header and spec.content_hash() in header and __version__ in header
+    assert first.splitlines()[1] == f"# Templates sha256 {templates_digest()}."
+    assert first.splitlines()[2] == "# Tuned configurations: none (the plan's untuned defaults)."
+    tuned = {"decode": {"sm90|*|m16": [32, 4, 3], "sm90|NVIDIA H100 80GB HBM3|m16": [32, 4, 3]}}
+    assert module_source(spec, tuned).splitlines()[2] == (
+        "# Tuned configurations: decode 2 (tuning database entries measured on NVIDIA H100 80GB HBM3)."
+    )
     assert module_source(spec_from_dict({**SPEC, "page_size": 32})) != first
 
 
