@@ -217,6 +217,95 @@ DECODE_INTERPRETER_CONFIG = (16, 4, 1)
 #: tuned configurations: (gpu name, bucket) -> (block_n, num_warps, num_stages)
 DECODE_TUNED = {('NVIDIA H100 80GB HBM3', 'm32'): (128, 4, 2), ('NVIDIA H100 80GB HBM3', 'm64'): (32, 4, 3)}
 
+# --- backend choice: the warp-specialised Gluon kernel (Hopper) or the portable Triton kernel above ----------
+#: whether the plan gives this geometry to the Gluon decode, and why not
+DECODE_GLUON_ELIGIBLE = True
+DECODE_GLUON_INELIGIBLE_REASON = ''
+#: Triton (major, minor) releases the Gluon decode was verified with (its API moves between releases)
+DECODE_GLUON_TRITON_VERSIONS = ((3, 6),)
+DECODE_BACKENDS = ("gluon", "triton")
+#: the Gluon kernel's tile: 64 query rows (one warpgroup MMA) x 64-position cache blocks, a ring of stages
+DECODE_GLUON_BLOCK_M = 64
+DECODE_GLUON_BLOCK_N = 64
+DECODE_GLUON_DC_HALF = 128
+DECODE_GLUON_STAGES = 4
+#: registers of the second warpgroup, the TMA producer warp and the gathering producer (setmaxnreg)
+DECODE_GLUON_CONSUMER_REGS = 168
+DECODE_GLUON_PRODUCER_REGS = 40
+DECODE_GLUON_GATHER_WARPS = 4
+DECODE_GLUON_GATHER_REGS = 88
+DECODE_GLUON_GATHER_COLS = 64
+#: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks a run
+DECODE_GLUON_PARTS_PER_SM = 1
+DECODE_GLUON_MIN_BLOCKS_PER_PART = 5
+_TRITON_MAJOR_MINOR = tuple(int(part) for part in triton.__version__.split(".")[:2])
+
+
+def _gluon_unsupported_here():
+    """'' when the geometry is the Gluon decode's and this Triton is a release it was verified with."""
+    if not DECODE_GLUON_ELIGIBLE:
+        return f"geometry not taken by the Gluon decode: {DECODE_GLUON_INELIGIBLE_REASON}"
+    if _TRITON_MAJOR_MINOR not in DECODE_GLUON_TRITON_VERSIONS:
+        verified = ", ".join(f"{major}.{minor}" for major, minor in DECODE_GLUON_TRITON_VERSIONS)
+        return f"triton {triton.__version__} is not a release the Gluon decode was verified with ({verified})"
+    return ""
+
+
+# The Gluon kernels (end of this module) are defined only when this is '', so the module imports anywhere.
+_GLUON_IMPORT_ERROR = _gluon_unsupported_here()
+if not _GLUON_IMPORT_ERROR:
+    try:
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import (
+            fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor as GluonTensorDescriptor
+    except Exception as error:  # a wheel without Gluon, or one whose API moved
+        _GLUON_IMPORT_ERROR = f"triton.experimental.gluon is unusable: {type(error).__name__}: {error}"
+
+
+def select_decode_backend(requested, *, eligible, gluon_error, interpreting, capability):
+    """(backend, reason): "gluon" where it can run and is not refused, else "triton" with the reason.
+
+    requested: "auto", "gluon" or "triton" (MLAGEN_DECODE_BACKEND); forcing "gluon" where it cannot run is
+    an error. eligible: the plan's geometry decision; gluon_error: '' or why the Gluon API is unusable;
+    capability: (major, minor) of the CUDA device, or None for a CPU device.
+    """
+    _check(requested in ("auto",) + DECODE_BACKENDS, "MLAGEN_DECODE_BACKEND",
+           f"expected auto, gluon or triton, got {requested!r}")
+    if requested == "triton":
+        return "triton", "MLAGEN_DECODE_BACKEND=triton"
+    if not eligible:
+        why = f"geometry not taken by the Gluon decode: {DECODE_GLUON_INELIGIBLE_REASON}"
+    elif gluon_error:
+        why = gluon_error
+    elif interpreting:
+        why = "TRITON_INTERPRET=1: Triton's interpreter cannot run Gluon kernels"
+    elif capability is None:
+        why = "not a CUDA device"
+    elif capability[0] != 9:
+        why = f"compute capability {capability[0]}.{capability[1]}: the Gluon decode is built for 9.x (Hopper)"
+    else:
+        return "gluon", ""
+    _check(requested != "gluon", "MLAGEN_DECODE_BACKEND", f"'gluon' cannot run here: {why}")
+    return "triton", why
+
+
+def decode_backend(device=None, requested=None):
+    """(backend, reason) for decode launches on `device` (default: the current CUDA device, else CPU);
+    requested defaults to $MLAGEN_DECODE_BACKEND, else "auto"."""
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    requested = requested if requested is not None else os.environ.get("MLAGEN_DECODE_BACKEND", "auto")
+    capability = None
+    if device.type == "cuda" and not _INTERPRET and requested != "triton" and not _GLUON_IMPORT_ERROR:
+        try:
+            capability = torch.cuda.get_device_capability(device)
+        except (AssertionError, RuntimeError):  # a torch without CUDA: no capability to read
+            capability = None
+    return select_decode_backend(requested, eligible=DECODE_GLUON_ELIGIBLE, gluon_error=_GLUON_IMPORT_ERROR,
+                                 interpreting=_INTERPRET, capability=capability)
+
 
 @triton.jit
 def _split_schedule(SEQLENS, batch, num_parts, min_blocks_per_part, BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr):
@@ -468,11 +557,15 @@ class DecodeSchedule:
     receives it can be captured in a CUDA graph.
     """
 
-    __slots__ = ("batch_size", "seqlen_q", "block_m", "row_blocks", "num_parts", "min_blocks_per_part",
-                 "block_b", "config", "combine_tile", "combine_runs")
+    __slots__ = ("batch_size", "seqlen_q", "backend", "backend_reason", "block_m", "row_blocks", "num_parts",
+                 "min_blocks_per_part", "block_b", "config", "combine_tile", "combine_runs")
 
-    def __init__(self, batch_size, seqlen_q, block_m, num_parts, min_blocks_per_part, config, sm_count):
+    def __init__(self, batch_size, seqlen_q, block_m, num_parts, min_blocks_per_part, config, sm_count,
+                 backend="triton", backend_reason=""):
         self.batch_size = batch_size
+        #: "gluon" (warp-specialised Hopper kernel) or "triton" (portable); backend_reason: why not gluon
+        self.backend = backend
+        self.backend_reason = backend_reason
         self.seqlen_q = seqlen_q
         self.block_m = block_m
         self.row_blocks = triton.cdiv(seqlen_q * NUM_HEADS, block_m)
@@ -487,7 +580,8 @@ class DecodeSchedule:
                 break
 
     def __repr__(self):
-        return (f"DecodeSchedule(batch_size={self.batch_size}, seqlen_q={self.seqlen_q}, block_m={self.block_m}, "
+        return (f"DecodeSchedule(batch_size={self.batch_size}, seqlen_q={self.seqlen_q}, backend={self.backend!r}, "
+                f"block_m={self.block_m}, "
                 f"num_parts={self.num_parts}, min_blocks_per_part={self.min_blocks_per_part}, "
                 f"config={self.config}, combine_tile={self.combine_tile})")
 
@@ -498,19 +592,37 @@ def decode_bucket(block_m, small=False):
 
 
 def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, config=None,
-                        min_blocks_per_part=None, block_m=None):
-    """Plan a decode launch: rows per program, split-KV runs and tile configuration.
+                        min_blocks_per_part=None, block_m=None, backend=None):
+    """Plan a decode launch: backend, rows per program, split-KV runs and tile configuration.
 
     num_parts: how many runs the batch's cache blocks are cut into at most (default: from the SM count).
-    config: (block_n, num_warps, num_stages) to force a tile configuration.
-    min_blocks_per_part: fewest cache blocks per run (default: DECODE_MIN_BLOCKS_PER_PART).
-    block_m: query rows per program, one of DECODE_SPACE's keys (default: H * Sq, clamped).
+    config: (block_n, num_warps, num_stages) to force a tile configuration of the portable kernel.
+    min_blocks_per_part: fewest cache blocks per run (default: the plan's cost rule).
+    block_m: query rows per program of the portable kernel, one of DECODE_SPACE's keys (default: H * Sq,
+        clamped).
+    backend: "auto", "gluon" or "triton" (default: $MLAGEN_DECODE_BACKEND, else "auto"); "auto" takes the
+        Gluon kernel where it can run (see decode_backend) unless config or block_m, the portable kernel's
+        knobs, are given.
     """
     _check(isinstance(batch_size, int) and batch_size >= 1, "batch_size", f"must be an int >= 1, got {batch_size!r}")
     _check(isinstance(seqlen_q, int) and seqlen_q >= 1, "seqlen_q", f"must be an int >= 1, got {seqlen_q!r}")
     device = torch.device(device) if device is not None else (
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     rows = seqlen_q * NUM_HEADS
+    requested = backend if backend is not None else os.environ.get("MLAGEN_DECODE_BACKEND", "auto")
+    if requested == "auto" and (config is not None or block_m is not None):
+        requested = "triton"
+    chosen, reason = decode_backend(device, requested)
+    if chosen == "gluon":
+        row_blocks = triton.cdiv(rows, DECODE_GLUON_BLOCK_M)
+        if num_parts is None:
+            num_parts = max(1, _sm_count(device) * DECODE_GLUON_PARTS_PER_SM // row_blocks)
+        _check(isinstance(num_parts, int) and num_parts >= 1, "num_parts", f"must be an int >= 1, got {num_parts!r}")
+        if min_blocks_per_part is None:
+            min_blocks_per_part = DECODE_GLUON_MIN_BLOCKS_PER_PART
+        config = (DECODE_GLUON_BLOCK_N, 4, DECODE_GLUON_STAGES)
+        return DecodeSchedule(batch_size, seqlen_q, DECODE_GLUON_BLOCK_M, num_parts, min_blocks_per_part, config,
+                              _sm_count(device), "gluon", "")
     # latency regime: few sequences, so the work is spread by splitting the cache finely and, where the
     # rows fit one block, by short row blocks (more programs, each on the cheaper mma.sync path)
     small = batch_size <= DECODE_SMALL_BATCH
@@ -537,7 +649,7 @@ def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, 
         fine = small and block_m == DECODE_SMALL_BLOCK_M
         min_blocks_per_part = 1 if fine else DECODE_MIN_BLOCKS_PER_PART.get((block_m, config[0]), 1)
     return DecodeSchedule(batch_size, seqlen_q, block_m, num_parts, min_blocks_per_part, tuple(config),
-                          _sm_count(device))
+                          _sm_count(device), "triton", reason)
 
 
 def mla_decode(q, kv_cache, block_table, cache_seqlens, *, softmax_scale=None, return_lse=False, schedule=None,
@@ -584,6 +696,30 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, *, softmax_scale=None, r
     if _POISON_WORKSPACE:
         o_part.fill_(float("nan"))
         lse_part.fill_(float("nan"))
+    if schedule.backend == "gluon":
+        _mla_decode_gluon_split(q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, scale, schedule)
+    else:
+        _mla_decode_triton_split(q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, scale, schedule)
+    block_n = schedule.config[0]
+    tile_rows, tile_cols = schedule.combine_tile
+    combine_grid = (batch, triton.cdiv(rows, tile_rows), triton.cdiv(KV_LORA_RANK, tile_cols))
+    _mla_decode_combine_kernel[combine_grid](
+        cache_seqlens, out, lse, o_part, lse_part,
+        batch, schedule.num_parts, schedule.min_blocks_per_part,
+        out.stride(0), out.stride(1), out.stride(2),
+        lse.stride(0), lse.stride(1),
+        o_part.stride(0), o_part.stride(1),
+        SQ=seqlen_q, H=NUM_HEADS, DC=KV_LORA_RANK, BLOCK_N=block_n, BLOCK_B=schedule.block_b,
+        BLOCK_ROWS=tile_rows, BLOCK_C=tile_cols, BLOCK_RUNS=schedule.combine_runs,
+        num_warps=4, num_stages=2,
+    )
+    return (out, lse) if return_lse else out
+
+
+def _mla_decode_triton_split(q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, scale, schedule):
+    """The portable split kernel: final results of whole-sequence runs, fp32 partials of the others."""
+    width = KV_LORA_RANK + QK_ROPE_HEAD_DIM
+    batch, seqlen_q = q.shape[0], q.shape[1]
     block_n, num_warps, num_stages = schedule.config
     # TMA needs every block inside one page and the cache viewable as one 2-D [pages * page_size, D] tensor
     use_tma = (DECODE_USE_TMA and PAGE_SIZE >= block_n and kv_cache.stride(1) == width
@@ -609,19 +745,476 @@ def mla_decode(q, kv_cache, block_table, cache_seqlens, *, softmax_scale=None, r
         BLOCK_M=schedule.block_m, BLOCK_N=block_n, BLOCK_B=schedule.block_b, USE_TMA=use_tma, Q_TMA=q_tma, UPCAST=_INTERPRET,
         num_warps=num_warps, num_stages=num_stages,
     )
-    tile_rows, tile_cols = schedule.combine_tile
-    combine_grid = (batch, triton.cdiv(rows, tile_rows), triton.cdiv(KV_LORA_RANK, tile_cols))
-    _mla_decode_combine_kernel[combine_grid](
-        cache_seqlens, out, lse, o_part, lse_part,
-        batch, schedule.num_parts, schedule.min_blocks_per_part,
-        out.stride(0), out.stride(1), out.stride(2),
-        lse.stride(0), lse.stride(1),
-        o_part.stride(0), o_part.stride(1),
-        SQ=seqlen_q, H=NUM_HEADS, DC=KV_LORA_RANK, BLOCK_N=block_n, BLOCK_B=schedule.block_b,
-        BLOCK_ROWS=tile_rows, BLOCK_C=tile_cols, BLOCK_RUNS=schedule.combine_runs,
-        num_warps=4, num_stages=2,
-    )
-    return (out, lse) if return_lse else out
+
+
+# The Gluon decode (Hopper), defined only where the Triton release is one it was verified with.
+if not _GLUON_IMPORT_ERROR:
+    # ==================================================================================================
+    # Decode on Hopper (compute capability 9.x), written in Gluon: the same contract, split-KV schedule,
+    # partial slots and combine kernel as the portable split kernel; only the inside of a program differs.
+    #
+    #   BLOCK_M   64 query rows per program: (token, head) pairs, j-major, padded to one warpgroup MMA
+    #   BLOCK_N   64 cache positions per block (a stage of the shared-memory ring)
+    #   DC_HALF   Dc / 2: the latent columns whose P @ V each of the two compute warpgroups owns
+    #   STAGES    cache blocks in flight in the ring
+    #
+    # Partitions of one program (gl.warp_specialize), one per role:
+    #   softmax warpgroup (default, 4 warps)  S = Q K^T, online softmax in base 2, hands P and the rescale
+    #                                         factor alpha over, O[:, :DC_HALF] += P V[:, :DC_HALF]; LSE
+    #   P V warpgroup (4 warps)               O[:, DC_HALF:] += P V[:, DC_HALF:]
+    #   producer                              per piece the query tile, per block the cache rows of one stage:
+    #                                         TMA boxes through the page table when a page holds whole blocks
+    #                                         (1 warp), else a masked gather through the page table
+    # A piece is one sequence's share of this program's run (see _split_schedule); every partition walks
+    # the same pieces and counts blocks the same way, so the ring phases agree without talking.
+    # mbarriers: q_ready/q_free (query tile of a piece), k_ready[s]/k_free[s] (ring stage s; both warpgroups
+    # free it), p_ready/p_free (P and alpha), l_ready/l_free (final row sums of a piece).
+    # V is the first Dc columns of the same cache rows: no second load. Cache rows past a sequence's end
+    # (whatever they hold, NaN included) are zero in shared memory before either P @ V reads them: P is 0
+    # there, but 0 * NaN = NaN.
+    # ==================================================================================================
+
+    #: register layouts of the warpgroup MMA results: scores [BLOCK_M, BLOCK_N] and one output half [BLOCK_M, DC_HALF]
+    _GLUON_S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DECODE_GLUON_BLOCK_N, 16]))
+    _GLUON_O_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, DECODE_GLUON_DC_HALF, 16]))
+
+
+    @gluon.jit
+    def _gluon_add(a, b):
+        return a + b
+
+
+    @gluon.jit
+    def _gluon_split_schedule(SEQLENS, batch, num_parts, min_blocks_per_part, part,
+                              BLOCK_N: gl.constexpr, BLOCK_B: gl.constexpr):
+        """_split_schedule's runs, for run `part`: its block range and the sequences it meets."""
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+        offs_b = gl.arange(0, BLOCK_B, layout)
+        lens = gl.load(SEQLENS + offs_b, mask=offs_b < batch, other=0)
+        n_blocks = (lens + BLOCK_N - 1) // BLOCK_N
+        cum_end = gl.associative_scan(n_blocks, 0, _gluon_add)
+        total = gl.sum(n_blocks, 0)
+        per_part = gl.maximum((total + num_parts - 1) // num_parts, min_blocks_per_part)
+        run_lo = part * per_part
+        run_hi = gl.minimum(run_lo + per_part, total)
+        b_first = gl.sum((cum_end <= run_lo).to(gl.int32), 0)
+        b_last = gl.sum((cum_end - n_blocks < run_hi).to(gl.int32), 0)
+        seq_start = gl.sum(gl.where(offs_b < b_first, n_blocks, 0), 0)
+        return run_lo, run_hi, b_first, b_last, seq_start
+
+
+    @gluon.jit
+    def _gluon_piece(SEQLENS, b, seq_start, run_lo, run_hi, BLOCK_N: gl.constexpr):
+        """Sequence b's length, its block count and the blocks [lo, hi) of it that the run covers."""
+        seqlen = gl.load(SEQLENS + b)
+        seq_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N
+        lo = gl.maximum(run_lo, seq_start) - seq_start
+        hi = gl.minimum(run_hi, seq_start + seq_blocks) - seq_start
+        return seqlen, seq_blocks, lo, hi
+
+
+    @gluon.jit
+    def _gluon_load_query(q_desc_c, q_desc_r, q_smem_c, q_smem_r, q_ready, q_free, q_row0, piece,
+                          DC: gl.constexpr, DC_HALF: gl.constexpr):
+        """The piece's query tile by TMA, once the softmax warpgroup is done with the last one."""
+        mbarrier.wait(q_free, (piece & 1) ^ 1)
+        mbarrier.expect(q_ready, 2 * q_desc_c.block_type.nbytes + q_desc_r.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc_c, [q_row0, 0], q_ready, q_smem_c.slice(0, DC_HALF, dim=1))
+        tma.async_copy_global_to_shared(q_desc_c, [q_row0, DC_HALF], q_ready, q_smem_c.slice(DC_HALF, DC_HALF, dim=1))
+        tma.async_copy_global_to_shared(q_desc_r, [q_row0, DC], q_ready, q_smem_r)
+
+
+    @gluon.jit
+    def _gluon_producer_tma(q_desc_c, q_desc_r, kv_desc_c, kv_desc_r, q_smem_c, q_smem_r, k_smem_c, k_smem_r,
+                            q_ready, q_free, k_ready, k_free, BLOCK_TABLE, stride_bt_b, SEQLENS, row_block,
+                            run_lo, run_hi, b_first, b_last, seq_start,
+                            SQ: gl.constexpr, H: gl.constexpr, DC: gl.constexpr, DC_HALF: gl.constexpr,
+                            PAGE_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr):
+        """One warp: a page holds whole blocks, so a block is three TMA boxes at its row of the cache seen as
+        [pages * page_size, Dc + Dr] (two latent halves and the rope columns)."""
+        it = 0
+        piece = 0
+        for b in range(b_first, b_last):
+            seqlen, seq_blocks, lo, hi = _gluon_piece(SEQLENS, b, seq_start, run_lo, run_hi, BLOCK_N)
+            if lo < hi:
+                _gluon_load_query(q_desc_c, q_desc_r, q_smem_c, q_smem_r, q_ready, q_free,
+                                  b * (SQ * H) + row_block * BLOCK_M, piece, DC, DC_HALF)
+                bt_row = BLOCK_TABLE + b.to(gl.int64) * stride_bt_b
+                for blk in range(lo, hi):
+                    stage = it % STAGES
+                    # issued before the wait on the stage, so its latency hides behind it
+                    page = gl.load(bt_row + (blk * BLOCK_N) // PAGE_SIZE)
+                    mbarrier.wait(k_free.index(stage), ((it // STAGES) & 1) ^ 1)
+                    ready = k_ready.index(stage)
+                    mbarrier.expect(ready, 2 * kv_desc_c.block_type.nbytes + kv_desc_r.block_type.nbytes)
+                    row0 = page * PAGE_SIZE + (blk * BLOCK_N) % PAGE_SIZE
+                    k_c = k_smem_c.index(stage)
+                    tma.async_copy_global_to_shared(kv_desc_c, [row0, 0], ready, k_c.slice(0, DC_HALF, dim=1))
+                    tma.async_copy_global_to_shared(kv_desc_c, [row0, DC_HALF], ready, k_c.slice(DC_HALF, DC_HALF, dim=1))
+                    tma.async_copy_global_to_shared(kv_desc_r, [row0, DC], ready, k_smem_r.index(stage))
+                    it += 1
+                piece += 1
+            seq_start += seq_blocks
+
+
+    @gluon.jit
+    def _gluon_producer_gather(q_desc_c, q_desc_r, KV, stride_kv_page, stride_kv_tok, q_smem_c, q_smem_r, k_smem_c,
+                               k_smem_r, q_ready, q_free, k_ready, k_free, BLOCK_TABLE, stride_bt_b, SEQLENS, row_block,
+                               run_lo, run_hi, b_first, b_last, seq_start,
+                               SQ: gl.constexpr, H: gl.constexpr, DC: gl.constexpr, DR: gl.constexpr,
+                               DC_HALF: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_M: gl.constexpr,
+                               BLOCK_N: gl.constexpr, STAGES: gl.constexpr, GATHER_COLS: gl.constexpr,
+                               GATHER_WARPS: gl.constexpr):
+        """Pages smaller than a block (or a cache TMA cannot address): rows gathered through the page table
+        with masked loads (rows past the sequence's end read as 0) and stored into the stage."""
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [GATHER_WARPS, 1], [1, 0])
+        offs_n = gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout))
+        offs_c = gl.arange(0, GATHER_COLS, gl.SliceLayout(0, layout))
+        offs_r = gl.arange(0, DR, gl.SliceLayout(0, layout))
+        it = 0
+        piece = 0
+        for b in range(b_first, b_last):
+            seqlen, seq_blocks, lo, hi = _gluon_piece(SEQLENS, b, seq_start, run_lo, run_hi, BLOCK_N)
+            if lo < hi:
+                _gluon_load_query(q_desc_c, q_desc_r, q_smem_c, q_smem_r, q_ready, q_free,
+                                  b * (SQ * H) + row_block * BLOCK_M, piece, DC, DC_HALF)
+                bt_row = BLOCK_TABLE + b.to(gl.int64) * stride_bt_b
+                for blk in range(lo, hi):
+                    stage = it % STAGES
+                    tok = blk * BLOCK_N + offs_n
+                    tok_ok = tok < seqlen
+                    page = gl.load(bt_row + tok // PAGE_SIZE, mask=tok_ok, other=0)
+                    kv_rows = KV + page.to(gl.int64) * stride_kv_page + (tok % PAGE_SIZE) * stride_kv_tok
+                    mbarrier.wait(k_free.index(stage), ((it // STAGES) & 1) ^ 1)
+                    k_c = k_smem_c.index(stage)
+                    for c in gl.static_range(DC // GATHER_COLS):
+                        tile = gl.load(kv_rows[:, None] + (c * GATHER_COLS + offs_c)[None, :], mask=tok_ok[:, None],
+                                       other=0.0)
+                        k_c.slice(c * GATHER_COLS, GATHER_COLS, dim=1).store(tile)
+                    tile_r = gl.load(kv_rows[:, None] + (DC + offs_r)[None, :], mask=tok_ok[:, None], other=0.0)
+                    k_smem_r.index(stage).store(tile_r)
+                    # generic-proxy stores read next by the tensor cores (async proxy)
+                    fence_async_shared()
+                    mbarrier.arrive(k_ready.index(stage))
+                    it += 1
+                piece += 1
+            seq_start += seq_blocks
+
+
+    @gluon.jit
+    def _gluon_zero_rows(k_c, n_valid, DC: gl.constexpr, BLOCK_N: gl.constexpr):
+        """Rows [n_valid, BLOCK_N) of a stage's latent columns := 0 (64 columns at a time)."""
+        layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        rows = gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout))
+        keep = (rows < n_valid)[:, None]
+        for c in gl.static_range(DC // 64):
+            chunk = k_c.slice(c * 64, 64, dim=1)
+            values = chunk.load(layout)
+            chunk.store(gl.where(keep, values, gl.zeros_like(values)))
+
+
+    @gluon.jit
+    def _gluon_softmax_step(q_smem_c, q_smem_r, k_smem_c, k_smem_r, p_smem, alpha_smem, k_ready, k_free, p_ready,
+                            p_free, m_i, l_i, acc, it, blk, seqlen, row_limit, qk_scale,
+                            DC: gl.constexpr, DC_HALF: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                            STAGES: gl.constexpr, MASKED: gl.constexpr, ZERO_TAIL: gl.constexpr):
+        """One cache block for the softmax warpgroup. MASKED: scores past each row's last visible position get
+        -inf, and (ZERO_TAIL, TMA stages) rows past the sequence's end are zeroed before any P @ V reads them."""
+        s_layout: gl.constexpr = _GLUON_S_LAYOUT
+        o_layout: gl.constexpr = _GLUON_O_LAYOUT
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+        stage = it % STAGES
+        mbarrier.wait(k_ready.index(stage), (it // STAGES) & 1)
+        k_c = k_smem_c.index(stage)
+        scores = warpgroup_mma(q_smem_c, k_c.permute((1, 0)), gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout),
+                               use_acc=False, is_async=True)
+        scores = warpgroup_mma(q_smem_r, k_smem_r.index(stage).permute((1, 0)), scores, is_async=True)
+        scores = warpgroup_mma_wait(0, deps=(scores,))
+        if MASKED:
+            pos = blk * BLOCK_N + gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+            scores = gl.where(pos[None, :] <= row_limit[:, None], scores, float("-inf"))
+            if ZERO_TAIL:
+                n_valid = seqlen - blk * BLOCK_N
+                if n_valid < BLOCK_N:
+                    # Q K^T of this stage has completed (waited above); the fence below orders these stores
+                    # before both warpgroups' P @ V
+                    _gluon_zero_rows(k_c, n_valid, DC, BLOCK_N)
+        # m_i starts at a finite -1e30, so a row that has seen nothing yet never computes inf - inf
+        m_new = gl.maximum(m_i, gl.max(scores, 1) * qk_scale)
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.exp2(scores * qk_scale - m_new[:, None])
+        l_i = l_i * alpha + gl.sum(p, 1)
+        p_low = p.to(k_c.dtype)
+        mbarrier.wait(p_free, (it & 1) ^ 1)
+        p_smem.store(p_low)
+        alpha_smem.store(alpha)
+        fence_async_shared()
+        mbarrier.arrive(p_ready)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
+        acc = warpgroup_mma(gl.convert_layout(p_low, p_layout), k_c.slice(0, DC_HALF, dim=1), acc, is_async=True)
+        acc = warpgroup_mma_wait(0, deps=(acc,))
+        mbarrier.arrive(k_free.index(stage))
+        return m_new, l_i, acc
+
+
+    @gluon.jit
+    def _gluon_store_half(acc, l_i, OUT, O_PART, b, slot, row_block, final, col0,
+                          stride_o_b, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,
+                          SQ: gl.constexpr, H: gl.constexpr, DC_HALF: gl.constexpr, BLOCK_M: gl.constexpr):
+        """acc / l for columns [col0, col0 + DC_HALF): final rows to OUT, else fp32 to the piece's slot."""
+        o_layout: gl.constexpr = _GLUON_O_LAYOUT
+        rows = row_block * BLOCK_M + gl.arange(0, BLOCK_M, gl.SliceLayout(1, o_layout))
+        cols = col0 + gl.arange(0, DC_HALF, gl.SliceLayout(0, o_layout))
+        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))
+        out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]
+        mask = (rows < SQ * H)[:, None] & (cols >= 0)[None, :]
+        if final:
+            o_rows = OUT + b.to(gl.int64) * stride_o_b + (rows // H) * stride_o_s + (rows % H) * stride_o_h
+            gl.store(o_rows[:, None] + cols[None, :], out.to(OUT.dtype.element_ty), mask=mask)
+        else:
+            op_rows = O_PART + slot.to(gl.int64) * stride_op_slot + rows * stride_op_row
+            gl.store(op_rows[:, None] + cols[None, :], out, mask=mask)
+
+
+    @gluon.jit
+    def _gluon_softmax_partition(q_smem_c, q_smem_r, k_smem_c, k_smem_r, p_smem, alpha_smem, l_smem, q_ready, q_free,
+                                 k_ready, k_free, p_ready, p_free, l_ready, l_free, SEQLENS, OUT, LSE, O_PART, LSE_PART,
+                                 qk_scale, row_block, part, run_lo, run_hi, b_first, b_last, seq_start,
+                                 stride_o_b, stride_o_s, stride_o_h, stride_lse_b, stride_lse_h, stride_op_slot,
+                                 stride_op_row,
+                                 SQ: gl.constexpr, H: gl.constexpr, DC: gl.constexpr, DC_HALF: gl.constexpr,
+                                 BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
+                                 ZERO_TAIL: gl.constexpr, LN2: gl.constexpr):
+        s_layout: gl.constexpr = _GLUON_S_LAYOUT
+        o_layout: gl.constexpr = _GLUON_O_LAYOUT
+        row_layout: gl.constexpr = gl.SliceLayout(1, s_layout)
+        rows = row_block * BLOCK_M + gl.arange(0, BLOCK_M, row_layout)
+        # rows past Sq * H (padding) are clamped to the last token: computed, never stored
+        row_tok = gl.minimum(rows // H, SQ - 1)
+        it = 0
+        piece = 0
+        for b in range(b_first, b_last):
+            seqlen, seq_blocks, lo, hi = _gluon_piece(SEQLENS, b, seq_start, run_lo, run_hi, BLOCK_N)
+            if lo < hi:
+                # last visible cache position of each row (causal among the Sq new tokens)
+                row_limit = seqlen - SQ + row_tok
+                # blocks before n_full are visible to every row: no masks there
+                n_full = gl.maximum(seqlen - SQ + 1, 0) // BLOCK_N
+                plain_hi = gl.minimum(gl.maximum(n_full, lo), hi)
+                m_i = gl.full([BLOCK_M], -1.0e30, gl.float32, row_layout)
+                l_i = gl.zeros([BLOCK_M], gl.float32, row_layout)
+                acc = gl.zeros([BLOCK_M, DC_HALF], gl.float32, o_layout)
+                mbarrier.wait(q_ready, piece & 1)
+                for blk in range(lo, plain_hi):
+                    m_i, l_i, acc = _gluon_softmax_step(
+                        q_smem_c, q_smem_r, k_smem_c, k_smem_r, p_smem, alpha_smem, k_ready, k_free, p_ready, p_free,
+                        m_i, l_i, acc, it, blk, seqlen, row_limit, qk_scale,
+                        DC, DC_HALF, BLOCK_M, BLOCK_N, STAGES, False, ZERO_TAIL)
+                    it += 1
+                for blk in range(plain_hi, hi):
+                    m_i, l_i, acc = _gluon_softmax_step(
+                        q_smem_c, q_smem_r, k_smem_c, k_smem_r, p_smem, alpha_smem, k_ready, k_free, p_ready, p_free,
+                        m_i, l_i, acc, it, blk, seqlen, row_limit, qk_scale,
+                        DC, DC_HALF, BLOCK_M, BLOCK_N, STAGES, True, ZERO_TAIL)
+                    it += 1
+                # every Q K^T of the piece has completed: the producer may load the next query tile
+                mbarrier.arrive(q_free)
+                mbarrier.wait(l_free, (piece & 1) ^ 1)
+                l_smem.store(l_i)
+                mbarrier.arrive(l_ready)
+                final = (lo == 0) & (hi == seq_blocks)  # the whole sequence in this run: no combine needed
+                slot = b + part  # unique per (sequence, run): runs are ordered like sequences
+                seen = l_i > 0.0
+                lse = gl.where(seen, (m_i + gl.log2(gl.where(seen, l_i, 1.0))) * LN2, float("-inf"))
+                row_ok = rows < SQ * H
+                if final:
+                    gl.store(LSE + b.to(gl.int64) * stride_lse_b + (rows % H) * stride_lse_h + rows // H, lse,
+                             mask=row_ok)
+                else:
+                    gl.store(LSE_PART + slot.to(gl.int64) * (SQ * H) + rows, lse, mask=row_ok)
+                _gluon_store_half(acc, l_i, OUT, O_PART, b, slot, row_block, final, 0,
+                                  stride_o_b, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,
+                                  SQ, H, DC_HALF, BLOCK_M)
+                piece += 1
+            seq_start += seq_blocks
+
+
+    @gluon.jit
+    def _gluon_pv_partition(k_smem_c, p_smem, alpha_smem, l_smem, k_free, p_ready, p_free, l_ready, l_free,
+                            SEQLENS, OUT, O_PART, row_block, part, run_lo, run_hi, b_first, b_last, seq_start,
+                            stride_o_b, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,
+                            SQ: gl.constexpr, H: gl.constexpr, DC_HALF: gl.constexpr, BLOCK_M: gl.constexpr,
+                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+        """O[:, DC_HALF:] += P @ V[:, DC_HALF:], with P and alpha from the softmax warpgroup."""
+        o_layout: gl.constexpr = _GLUON_O_LAYOUT
+        row_layout: gl.constexpr = gl.SliceLayout(1, o_layout)
+        it = 0
+        piece = 0
+        for b in range(b_first, b_last):
+            seqlen, seq_blocks, lo, hi = _gluon_piece(SEQLENS, b, seq_start, run_lo, run_hi, BLOCK_N)
+            if lo < hi:
+                acc = gl.zeros([BLOCK_M, DC_HALF], gl.float32, o_layout)
+                for blk in range(lo, hi):
+                    stage = it % STAGES
+                    mbarrier.wait(p_ready, it & 1)
+                    alpha = alpha_smem.load(row_layout)
+                    acc = acc * alpha[:, None]
+                    acc = warpgroup_mma(p_smem, k_smem_c.index(stage).slice(DC_HALF, DC_HALF, dim=1), acc,
+                                        is_async=True)
+                    acc = warpgroup_mma_wait(0, deps=(acc,))
+                    mbarrier.arrive(p_free)
+                    mbarrier.arrive(k_free.index(stage))
+                    it += 1
+                mbarrier.wait(l_ready, piece & 1)
+                l_i = l_smem.load(row_layout)
+                mbarrier.arrive(l_free)
+                _gluon_store_half(acc, l_i, OUT, O_PART, b, b + part, row_block, (lo == 0) & (hi == seq_blocks),
+                                  DC_HALF, stride_o_b, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,
+                                  SQ, H, DC_HALF, BLOCK_M)
+                piece += 1
+            seq_start += seq_blocks
+
+
+    @gluon.jit
+    def _mla_decode_gluon_kernel(
+        Q_DESC_C, Q_DESC_R, KV_DESC_C, KV_DESC_R, KV, BLOCK_TABLE, SEQLENS, OUT, LSE, O_PART, LSE_PART,
+        qk_scale,  # softmax scale * log2(e): the kernel works in base 2
+        batch, num_parts, min_blocks_per_part,
+        stride_kv_page, stride_kv_tok,
+        stride_bt_b,
+        stride_o_b, stride_o_s, stride_o_h,
+        stride_lse_b, stride_lse_h,
+        stride_op_slot, stride_op_row,
+        SQ: gl.constexpr, H: gl.constexpr, DC: gl.constexpr, DR: gl.constexpr, DC_HALF: gl.constexpr,
+        PAGE_SIZE: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, BLOCK_B: gl.constexpr,
+        STAGES: gl.constexpr, P_LAYOUT: gl.constexpr, GATHER: gl.constexpr, GATHER_COLS: gl.constexpr,
+        GATHER_WARPS: gl.constexpr, CONSUMER_REGS: gl.constexpr, PRODUCER_REGS: gl.constexpr, GATHER_REGS: gl.constexpr,
+        LN2: gl.constexpr,
+    ):
+        # grid (row blocks, runs), like the portable split kernel: row blocks of one run are neighbours in
+        # launch order and share its cache blocks through L2
+        row_block = gl.program_id(0)
+        part = gl.program_id(1)
+        run_lo, run_hi, b_first, b_last, seq_start = _gluon_split_schedule(
+            SEQLENS, batch, num_parts, min_blocks_per_part, part, BLOCK_N, BLOCK_B)
+
+        dtype: gl.constexpr = KV.dtype.element_ty
+        q_smem_c = gl.allocate_shared_memory(dtype, [BLOCK_M, DC], Q_DESC_C.layout)
+        q_smem_r = gl.allocate_shared_memory(dtype, [BLOCK_M, DR], Q_DESC_R.layout)
+        k_smem_c = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DC], Q_DESC_C.layout)
+        k_smem_r = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, DR], Q_DESC_R.layout)
+        p_smem = gl.allocate_shared_memory(dtype, [BLOCK_M, BLOCK_N], P_LAYOUT)
+        vec_layout: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [0])
+        alpha_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_layout)
+        l_smem = gl.allocate_shared_memory(gl.float32, [BLOCK_M], vec_layout)
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        q_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        p_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        p_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        l_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        l_free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(i), count=1)
+            mbarrier.init(k_free.index(i), count=2)  # both warpgroups release a stage
+        mbarrier.init(q_ready, count=1)
+        mbarrier.init(q_free, count=1)
+        mbarrier.init(p_ready, count=1)
+        mbarrier.init(p_free, count=1)
+        mbarrier.init(l_ready, count=1)
+        mbarrier.init(l_free, count=1)
+
+        # (the partitions' arguments are written out in each call: a tuple variable would turn the constexprs
+        # in it into tensors)
+        if GATHER:
+            gl.warp_specialize([
+                (_gluon_softmax_partition, (
+                    q_smem_c, q_smem_r, k_smem_c, k_smem_r, p_smem, alpha_smem, l_smem, q_ready, q_free, k_ready,
+                    k_free, p_ready, p_free, l_ready, l_free, SEQLENS, OUT, LSE, O_PART, LSE_PART, qk_scale,
+                    row_block, part, run_lo, run_hi, b_first, b_last, seq_start,
+                    stride_o_b, stride_o_s, stride_o_h, stride_lse_b, stride_lse_h, stride_op_slot, stride_op_row,
+                    SQ, H, DC, DC_HALF, BLOCK_M, BLOCK_N, STAGES, False, LN2)),
+                (_gluon_pv_partition, (
+                    k_smem_c, p_smem, alpha_smem, l_smem, k_free, p_ready, p_free, l_ready, l_free, SEQLENS, OUT,
+                    O_PART, row_block, part, run_lo, run_hi, b_first, b_last, seq_start,
+                    stride_o_b, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,
+                    SQ, H, DC_HALF, BLOCK_M, BLOCK_N, STAGES)),
+                (_gluon_producer_gather, (
+                    Q_DESC_C, Q_DESC_R, KV, stride_kv_page, stride_kv_tok, q_smem_c, q_smem_r, k_smem_c, k_smem_r,
+                    q_ready, q_free, k_ready, k_free, BLOCK_TABLE, stride_bt_b, SEQLENS, row_block,
+                    run_lo, run_hi, b_first, b_last, seq_start,
+                    SQ, H, DC, DR, DC_HALF, PAGE_SIZE, BLOCK_M, BLOCK_N, STAGES, GATHER_COLS, GATHER_WARPS)),
+            ], [4, GATHER_WARPS], [CONSUMER_REGS, GATHER_REGS])
+        else:
+            gl.warp_specialize([
+                (_gluon_softmax_partition, (
+                    q_smem_c, q_smem_r, k_smem_c, k_smem_r, p_smem, alpha_smem, l_smem, q_ready, q_free, k_ready,
+                    k_free, p_ready, p_free, l_ready, l_free, SEQLENS, OUT, LSE, O_PART, LSE_PART, qk_scale,
+                    row_block, part, run_lo, run_hi, b_first, b_last, seq_start,
+                    stride_o_b, stride_o_s, stride_o_h, stride_lse_b, stride_lse_h, stride_op_slot, stride_op_row,
+                    SQ, H, DC, DC_HALF, BLOCK_M, BLOCK_N, STAGES, True, LN2)),
+                (_gluon_pv_partition, (
+                    k_smem_c, p_smem, alpha_smem, l_smem, k_free, p_ready, p_free, l_ready, l_free, SEQLENS, OUT,
+                    O_PART, row_block, part, run_lo, run_hi, b_first, b_last, seq_start,
+                    stride_o_b, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,
+                    SQ, H, DC_HALF, BLOCK_M, BLOCK_N, STAGES)),
+                (_gluon_producer_tma, (
+                    Q_DESC_C, Q_DESC_R, KV_DESC_C, KV_DESC_R, q_smem_c, q_smem_r, k_smem_c, k_smem_r,
+                    q_ready, q_free, k_ready, k_free, BLOCK_TABLE, stride_bt_b, SEQLENS, row_block,
+                    run_lo, run_hi, b_first, b_last, seq_start,
+                    SQ, H, DC, DC_HALF, PAGE_SIZE, BLOCK_M, BLOCK_N, STAGES)),
+            ], [4, 1], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+    _GLUON_DTYPE = {torch.bfloat16: gl.bfloat16, torch.float16: gl.float16}[DTYPE]
+    _GLUON_LAYOUT_C = gl.NVMMASharedLayout.get_default_for([DECODE_GLUON_BLOCK_M, DECODE_GLUON_DC_HALF], _GLUON_DTYPE)
+    _GLUON_LAYOUT_R = gl.NVMMASharedLayout.get_default_for([DECODE_GLUON_BLOCK_M, QK_ROPE_HEAD_DIM], _GLUON_DTYPE)
+    _GLUON_LAYOUT_P = gl.NVMMASharedLayout.get_default_for([DECODE_GLUON_BLOCK_M, DECODE_GLUON_BLOCK_N], _GLUON_DTYPE)
+
+
+    def _gluon_descriptors(rows, block_rows):
+        """TMA descriptors of a [N, Dc + Dr] matrix: boxes of one latent half and of the rope columns."""
+        width = KV_LORA_RANK + QK_ROPE_HEAD_DIM
+        shape = [rows.shape[0], width]
+        return (GluonTensorDescriptor(rows, shape, [width, 1], [block_rows, DECODE_GLUON_DC_HALF], _GLUON_LAYOUT_C),
+                GluonTensorDescriptor(rows, shape, [width, 1], [block_rows, QK_ROPE_HEAD_DIM], _GLUON_LAYOUT_R))
+
+
+    def _mla_decode_gluon_split(q, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, scale, schedule):
+        """The Gluon split kernel: same slots and outputs as _mla_decode_triton_split."""
+        width = KV_LORA_RANK + QK_ROPE_HEAD_DIM
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        q_rows = q.reshape(-1, width)
+        if q_rows.data_ptr() % 16 or not q_rows.is_contiguous():
+            q_rows = q_rows.clone()
+        q_desc_c, q_desc_r = _gluon_descriptors(q_rows, DECODE_GLUON_BLOCK_M)
+        # TMA boxes need every block inside one page and the cache viewable as one [pages * page_size, D] matrix
+        tma_cache = (PAGE_SIZE >= DECODE_GLUON_BLOCK_N and kv_cache.stride(1) == width
+                     and kv_cache.stride(0) == PAGE_SIZE * width and kv_cache.data_ptr() % 16 == 0)
+        if tma_cache:
+            kv_desc_c, kv_desc_r = _gluon_descriptors(kv_cache.view(-1, width), DECODE_GLUON_BLOCK_N)
+        else:
+            kv_desc_c, kv_desc_r = q_desc_c, q_desc_r  # unused by the gathering producer
+        _mla_decode_gluon_kernel[(schedule.row_blocks, schedule.num_parts)](
+            q_desc_c, q_desc_r, kv_desc_c, kv_desc_r, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part,
+            scale * _LOG2E, batch, schedule.num_parts, max(1, schedule.min_blocks_per_part),
+            kv_cache.stride(0), kv_cache.stride(1),
+            block_table.stride(0),
+            out.stride(0), out.stride(1), out.stride(2),
+            lse.stride(0), lse.stride(1),
+            o_part.stride(0), o_part.stride(1),
+            SQ=seqlen_q, H=NUM_HEADS, DC=KV_LORA_RANK, DR=QK_ROPE_HEAD_DIM, DC_HALF=DECODE_GLUON_DC_HALF,
+            PAGE_SIZE=PAGE_SIZE, BLOCK_M=DECODE_GLUON_BLOCK_M, BLOCK_N=DECODE_GLUON_BLOCK_N, BLOCK_B=schedule.block_b,
+            STAGES=schedule.config[2], P_LAYOUT=_GLUON_LAYOUT_P, GATHER=not tma_cache,
+            GATHER_COLS=DECODE_GLUON_GATHER_COLS, GATHER_WARPS=DECODE_GLUON_GATHER_WARPS,
+            CONSUMER_REGS=DECODE_GLUON_CONSUMER_REGS, PRODUCER_REGS=DECODE_GLUON_PRODUCER_REGS,
+            GATHER_REGS=DECODE_GLUON_GATHER_REGS, LN2=0.6931471805599453,
+            num_warps=4,
+        )
 
 
 # ==================================================================================================
