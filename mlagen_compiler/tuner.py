@@ -121,7 +121,7 @@ def decode_buckets(module: ModuleType, device) -> list[DecodeBucket]:
     for seqlen_q in SEQLEN_QS:
         # a serving-size batch: the latency regime (few sequences) has its own "-small" buckets
         large_batch = max(128, getattr(module, "DECODE_SMALL_BATCH", 0) + 1)
-        block_m = module.get_decode_schedule(large_batch, seqlen_q, device, num_parts=1).block_m
+        block_m = module.get_decode_schedule(large_batch, seqlen_q, device, num_parts=1, backend="triton").block_m
         bucket = module.decode_bucket(block_m)
         if bucket not in found:
             configs = tuple(tuple(c) for c in module.DECODE_SPACE[block_m])
@@ -185,7 +185,7 @@ def _warm_up_one(task: WarmUpTask) -> tuple[WarmUpTask, str]:
         device = torch.device(task.device)
         generator = torch.Generator().manual_seed(0)
         inputs = make_inputs(module, [1] * task.batch, task.seqlen_q, generator, device)
-        schedule = module.get_decode_schedule(task.batch, task.seqlen_q, device, config=task.config)
+        schedule = module.get_decode_schedule(task.batch, task.seqlen_q, device, config=task.config, backend="triton")
         module.mla_decode(**inputs, schedule=schedule)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -274,7 +274,7 @@ def time_config(module: ModuleType, inputs: dict[str, Any], config, *, warmup_ms
 
     q = inputs["q"]
     batch, seqlen_q = q.shape[0], q.shape[1]
-    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config))
+    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config), backend="triton")
     out = torch.empty((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), dtype=module.DTYPE, device=q.device)
     lse = torch.empty((batch, module.NUM_HEADS, seqlen_q), dtype=torch.float32, device=q.device)
     ms = triton.testing.do_bench(
@@ -294,7 +294,7 @@ def _check_config(module: ModuleType, inputs: dict[str, Any], config, reference)
 
     q = inputs["q"]
     batch, seqlen_q = q.shape[0], q.shape[1]
-    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config))
+    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config), backend="triton")
     # poisoned outputs: an element the kernel does not write fails the check
     nan = float("nan")
     out = torch.full((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), nan, dtype=module.DTYPE, device=q.device)

@@ -14,6 +14,7 @@ from typing import Any
 
 __all__ = [
     "TOLERANCES",
+    "poison_unused_cache",
     "CaseResult",
     "PrefillCase",
     "decode_cases",
@@ -98,6 +99,21 @@ def make_decode_inputs(module: ModuleType, seqlens, seqlen_q: int, generator, de
     }
 
 
+def poison_unused_cache(inputs: dict[str, Any]) -> None:
+    """NaN into every cache slot no sequence owns: the slots of a last page past its sequence's end and the
+    pages nobody uses. Uninitialised cache memory may hold anything; no kernel may let it reach an output."""
+    import torch
+
+    kv_cache = inputs["kv_cache"]
+    page_size = kv_cache.shape[1]
+    table = inputs["block_table"].cpu()
+    owned = torch.zeros(kv_cache.shape[0], page_size, dtype=torch.bool)
+    for b, length in enumerate(inputs["cache_seqlens"].cpu().tolist()):
+        for i in range(-(-length // page_size)):
+            owned[int(table[b, i]), : min(page_size, length - i * page_size)] = True
+    kv_cache[~owned.to(kv_cache.device)] = float("nan")
+
+
 def compare(out, ref, dtype_name: str) -> tuple[float, float, str]:
     """Max abs error, relative norm error and a failure message ('' when within tolerance)."""
     import torch
@@ -146,7 +162,9 @@ def run_decode_case(module: ModuleType, case: DecodeCase, generator, device) -> 
             torch.testing.assert_close(lse.double(), ref_lse, **LSE_TOLERANCE)
         except AssertionError as error:
             message = "lse: " + str(error).splitlines()[0]
-    return CaseResult(module.SPEC["name"], "decode", case.name, max_err, rel, not message, message)
+    # the kernel column names the backend that ran (gluon on Hopper where it applies, else triton)
+    kernel = f"decode/{getattr(schedule, 'backend', 'triton')}"
+    return CaseResult(module.SPEC["name"], kernel, case.name, max_err, rel, not message, message)
 
 
 def verify_module(module: ModuleType, seed: int, on_gpu: bool, progress: Callable[[str], None]) -> list[CaseResult]:
