@@ -602,7 +602,7 @@ def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, 
         clamped).
     backend: "auto", "gluon" or "triton" (default: $MLAGEN_DECODE_BACKEND, else "auto"); "auto" takes the
         Gluon kernel where it can run (see decode_backend) unless config or block_m, the portable kernel's
-        knobs, are given.
+        knobs, are given, or the batch is in the latency regime with at most 16 rows (H * Sq).
     """
     _check(isinstance(batch_size, int) and batch_size >= 1, "batch_size", f"must be an int >= 1, got {batch_size!r}")
     _check(isinstance(seqlen_q, int) and seqlen_q >= 1, "seqlen_q", f"must be an int >= 1, got {seqlen_q!r}")
@@ -610,9 +610,15 @@ def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, 
         torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
     rows = seqlen_q * NUM_HEADS
     requested = backend if backend is not None else os.environ.get("MLAGEN_DECODE_BACKEND", "auto")
-    if requested == "auto" and (config is not None or block_m is not None):
-        requested = "triton"
+    small = batch_size <= DECODE_SMALL_BATCH
     chosen, reason = decode_backend(device, requested)
+    if chosen == "gluon" and requested == "auto":
+        if config is not None or block_m is not None:
+            chosen, reason = "triton", "config or block_m given: knobs of the portable kernel"
+        elif small and rows <= DECODE_SMALL_BLOCK_M:
+            # latency regime with one short row block: the portable kernel's 16-row programs beat 64-row
+            # Gluon tiles (H100, B=1, H=16, S=8192, graph-replayed: 13.9 us against 22.1 us)
+            chosen, reason = "triton", f"latency regime (<= {DECODE_SMALL_BATCH} sequences, <= 16 rows)"
     if chosen == "gluon":
         row_blocks = triton.cdiv(rows, DECODE_GLUON_BLOCK_M)
         if num_parts is None:
@@ -623,9 +629,8 @@ def get_decode_schedule(batch_size, seqlen_q=1, device=None, *, num_parts=None, 
         config = (DECODE_GLUON_BLOCK_N, 4, DECODE_GLUON_STAGES)
         return DecodeSchedule(batch_size, seqlen_q, DECODE_GLUON_BLOCK_M, num_parts, min_blocks_per_part, config,
                               _sm_count(device), "gluon", "")
-    # latency regime: few sequences, so the work is spread by splitting the cache finely and, where the
-    # rows fit one block, by short row blocks (more programs, each on the cheaper mma.sync path)
-    small = batch_size <= DECODE_SMALL_BATCH
+    # latency regime (small): few sequences, so the work is spread by splitting the cache finely and, where
+    # the rows fit one block, by short row blocks (more programs, each on the cheaper mma.sync path)
     if block_m is None:
         block_m = min(DECODE_MAX_BLOCK_M, max(DECODE_MIN_BLOCK_M, _next_pow2(rows)))
         if small and rows <= DECODE_MAX_BLOCK_M:
