@@ -35,6 +35,7 @@ from ._version import __version__
 from .compile import atomic_write_text, import_module_from_path, module_source
 from .render import templates_digest
 from .spec import MLASpec
+from .triton_support import triton_version
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -79,8 +80,6 @@ def _canonical(value: Any) -> str:
 
 def key_inputs(spec: MLASpec, tuned: Mapping[str, Any] | None, *, triton: str | None = None) -> dict[str, Any]:
     """Everything the key covers, as plain data (also recorded in the manifest)."""
-    from .tuning import triton_version
-
     return {
         "format": CACHE_FORMAT,
         "spec": spec.canonical_json(),
@@ -103,6 +102,39 @@ class CacheEntry:
     manifest: dict[str, Any]
 
 
+def _root_dir(root: Path) -> None:
+    """Create the cache root, or say in one line why it cannot be used (naming MLAGEN_CACHE_DIR)."""
+    origin = f"{CACHE_DIR_ENV}={root}" if os.environ.get(CACHE_DIR_ENV) else f"the cache directory {root}"
+    if root.exists() and not root.is_dir():
+        raise CacheError(f"{origin} is a file, not a directory: point {CACHE_DIR_ENV} at a directory")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as error:
+        raise CacheError(
+            f"{origin} cannot be written ({error.strerror}): set {CACHE_DIR_ENV} to a writable directory"
+        ) from None
+
+
+def _remove(path: Path) -> None:
+    """Delete a file or a whole directory tree of the cache's own (something damaged in its place)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _own_dir(path: Path, *, warn: bool = True) -> None:
+    """A directory of the cache's own layout (`modules`, `locks`, an entry): whatever else stands there goes."""
+    if path.exists() and not path.is_dir():
+        if warn:
+            warnings.warn(f"mlagen cache: {path} is not a directory; replacing it", CacheIntegrityWarning, stacklevel=4)
+        _remove(path)
+    path.mkdir(parents=True, exist_ok=True)
+
+
 def _entry_dir(root: Path, spec: MLASpec, key: str) -> Path:
     return root / "modules" / f"{spec.module_name}-{key[:20]}"
 
@@ -115,8 +147,13 @@ def _check_entry(directory: Path, module_file: str, key: str) -> str | None:
     """None when the entry is complete and intact, else why not ('missing' when absent)."""
     module_path = directory / module_file
     manifest_path = directory / MANIFEST
+    if not directory.is_dir():
+        return "missing" if not directory.exists() else "the entry is a file, not a directory"
     if not module_path.exists() and not manifest_path.exists():
         return "missing"
+    for path in (module_path, manifest_path):
+        if path.is_dir():
+            return f"{path.name} is a directory"
     try:
         manifest = json.loads(manifest_path.read_text())
     except FileNotFoundError:
@@ -158,9 +195,10 @@ def cached_module_path(
     if _check_entry(directory, module_file, key) is None:  # fast path: no lock
         return LookupResult(path, key, built=False)
 
+    _root_dir(root)
     locks = root / "locks"
     try:
-        locks.mkdir(parents=True, exist_ok=True)
+        _own_dir(locks)
         lock = FileLock(str(locks / f"{directory.name}.lock"), timeout=LOCK_TIMEOUT_S)
         with lock:
             problem = _check_entry(directory, module_file, key)  # re-check: someone may have built it
@@ -188,7 +226,10 @@ def cached_module_path(
                 "size": len(data),
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             }
-            (directory / MANIFEST).unlink(missing_ok=True)  # the manifest is written last: it marks completion
+            _own_dir(root / "modules")
+            _own_dir(directory, warn=False)  # an entry in the way was reported as damaged above
+            _remove(directory / MANIFEST)  # the manifest is written last: it marks completion
+            _remove(path)
             atomic_write_text(path, source)
             atomic_write_text(directory / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
             return LookupResult(path, key, built=True)
@@ -197,6 +238,10 @@ def cached_module_path(
             f"could not lock the mlagen cache entry for '{spec.name}' within {LOCK_TIMEOUT_S:.0f} s "
             f"({locks}); is another process stuck?"
         ) from None
+    except CacheError:
+        raise
+    except OSError as error:  # something in the entry that could not be replaced (permissions)
+        raise CacheError(f"mlagen cache entry {directory}: {error.strerror or error} ({error.filename})") from None
 
 
 def load(

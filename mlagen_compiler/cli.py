@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 import tempfile
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from ._version import __version__
+from .cli_tools import AllOption, SeedOption, SpecArgs, SpecDirOption
 from .compile import compile_spec, import_module_from_path
 from .plan import lower
 from .registry import registered_specs, resolve_spec, spec_dirs
@@ -62,19 +64,19 @@ def _specs(args: list[str], all_bundled: bool, dirs: list[Path] | None = None) -
         args = [*args, *registered_specs(extra)]
     if not args:
         raise UsageError("no spec given: name YAML files or registered specs, or pass --all")
-    specs = [resolve_spec(a, extra) for a in args]
-    seen: dict[str, MLASpec] = {}
-    for spec in specs:
-        seen.setdefault(spec.name, spec)
-    return list(seen.values())
+    seen: dict[str, tuple[str, MLASpec]] = {}
+    for arg in args:
+        spec = resolve_spec(arg, extra)
+        if spec.name in seen and seen[spec.name][1] != spec:
+            # both would be written to the same module file; the second would silently win or be dropped
+            raise UsageError(
+                f"{seen[spec.name][0]} and {arg} are different specs with the same name '{spec.name}': "
+                "give each its own name"
+            )
+        seen.setdefault(spec.name, (str(arg), spec))
+    return [spec for _, spec in seen.values()]
 
 
-SpecArgs = Annotated[list[str] | None, typer.Argument(help="YAML spec files or registered spec names")]
-AllOption = Annotated[bool, typer.Option("--all", help="every registered spec")]
-SpecDirOption = Annotated[
-    list[Path] | None,
-    typer.Option("--spec-dir", help="directory of user specs to register (repeatable; also MLAGEN_SPEC_PATH)"),
-]
 TuningOption = Annotated[
     str,
     typer.Option(
@@ -104,6 +106,13 @@ def compile_command(
     tuning: TuningOption = "all",
 ) -> None:
     """Validate, lower and render each spec into OUT_DIR/<name>.py (with its tuned configurations)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"-o {out_dir}: exists and is not a directory")
+    from .triton_support import triton_version, unsupported_message
+
+    warning = unsupported_message(triton_version())
+    if warning:
+        typer.echo(f"mlagen: warning: {warning}", err=True)
     for spec in _specs(specs or [], all_bundled, spec_dir):
         path = compile_spec(spec, out_dir, _tuned(spec, tuning))
         typer.echo(f"{spec.name}: wrote {path} (kernels: {', '.join(spec.kernels)})")
@@ -155,7 +164,7 @@ def schema_command() -> None:
 def verify_command(
     specs: SpecArgs = None,
     all_bundled: AllOption = False,
-    seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+    seed: SeedOption = 0,
     spec_dir: SpecDirOption = None,
 ) -> None:
     """Run each spec's generated kernels against the PyTorch reference on random inputs.
@@ -163,6 +172,8 @@ def verify_command(
     On the GPU if there is one, else in Triton's interpreter. Exit code 1 if any case fails.
     """
     from .verify import use_interpreter_if_no_gpu, verify_module
+
+    os.environ["MLAGEN_VALIDATE"] = "1"  # index values checked on the GPU too (read when a module is imported)
 
     chosen = _specs(specs or [], all_bundled, spec_dir)
     on_gpu = use_interpreter_if_no_gpu()
@@ -213,8 +224,23 @@ def _root(
         raise typer.Exit(0)
 
 
-def main() -> None:
-    app(prog_name="mlagen")
+def main(argv: list[str] | None = None) -> int:
+    """The console entry point: like the typer app, but usage errors are one line too (exit code 2)."""
+    try:
+        result = app(args=argv, prog_name="mlagen", standalone_mode=False)
+    except typer.Abort:
+        typer.echo("mlagen: aborted", err=True)
+        return 130
+    except Exception as error:
+        # click's UsageError (unknown option, missing or bad value); click is vendored inside newer typer
+        # releases, so it is recognised by name rather than imported
+        if not any(cls.__name__ == "UsageError" for cls in type(error).__mro__):
+            raise
+        ctx = getattr(error, "ctx", None)
+        where = ctx.command_path if ctx is not None else "mlagen"
+        typer.echo(f"mlagen: error: {error.format_message()} (see '{where} --help')", err=True)
+        return 2
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

@@ -21,13 +21,15 @@ from ._version import __version__
 
 __all__ = ["register"]
 
-# the same option types as cli.py's (annotations must resolve in this module's globals)
+# option types shared with cli.py (annotations must resolve in each module's globals, so cli.py imports them)
 SpecArgs = Annotated[list[str] | None, typer.Argument(help="YAML spec files or registered spec names")]
 AllOption = Annotated[bool, typer.Option("--all", help="every registered spec")]
 SpecDirOption = Annotated[
     list[Path] | None,
     typer.Option("--spec-dir", help="directory of user specs to register (repeatable; also MLAGEN_SPEC_PATH)"),
 ]
+#: seeds feed torch.Generator.manual_seed after an offset per case, so they stay well inside 64 bits
+SeedOption = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs (0..2**32-1)")]
 
 
 def _gpu_visible() -> tuple[bool, str]:
@@ -99,6 +101,14 @@ class _Progress:
             self._bar.stop()
 
 
+def _triton_line(version: str | None) -> str:
+    from .triton_support import TRITON_REQUIREMENT, TRITON_TESTED, triton_supported
+
+    verdict = "inside" if triton_supported(version) else "OUTSIDE"
+    tested = ", ".join(TRITON_TESTED)
+    return f"{version or 'not installed'}  ({verdict} the supported range {TRITON_REQUIREMENT}; CI tests {tested})"
+
+
 def register(
     app: typer.Typer, one_line_errors: Callable, usage_error: type[Exception], resolve_specs: Callable
 ) -> None:
@@ -127,7 +137,7 @@ def register(
         ] = None,
         warmup_ms: Annotated[int, typer.Option(help="do_bench warm-up per configuration and case (ms)")] = 25,
         rep_ms: Annotated[int, typer.Option(help="do_bench measuring time per configuration and case (ms)")] = 100,
-        seed: Annotated[int, typer.Option(help="seed of the random inputs")] = 0,
+        seed: SeedOption = 0,
     ) -> None:
         """Benchmark each spec's autotune space on this GPU and record the winners in a tuning database.
 
@@ -165,7 +175,8 @@ def register(
 
         from .cache import cache_dir, directory_size, list_entries
         from .registry import registered_specs, spec_dirs
-        from .tuning import read_db, shipped_db_paths, triton_version, user_db_path
+        from .triton_support import triton_version
+        from .tuning import read_db, shipped_db_paths, user_db_path
 
         _, gpu_text = _gpu_visible()
         root = cache_dir()
@@ -175,7 +186,7 @@ def register(
             ("mlagen", __version__),
             ("python", f"{platform.python_version()} ({sys.executable})"),
             ("torch", torch.__version__),
-            ("triton", triton_version()),
+            ("triton", _triton_line(triton_version())),
             ("gpu", gpu_text),
             ("cache", f"{root}  ({len(entries)} module(s), {size / 1024:.0f} KiB; MLAGEN_CACHE_DIR)"),
         ]

@@ -13,10 +13,15 @@ from typing import Any
 from .spec import DecodeTiles, MLASpec, PrefillTiles
 
 __all__ = [
+    "ARCH_BUDGETS",
     "GLUON_VERIFIED_TRITON",
+    "PLAN_ARCH",
+    "ArchBudget",
     "DecodePlan",
     "GluonDecodePlan",
+    "PlanError",
     "KernelPlan",
+    "CacheWritePlan",
     "PrefillConfig",
     "PrefillPlan",
     "TileConfig",
@@ -24,6 +29,30 @@ __all__ = [
     "next_pow2",
     "softmax_scale_of",
 ]
+
+
+class PlanError(ValueError):
+    """A spec that validates but cannot be planned within the target's budget (names the tiles field)."""
+
+
+@dataclass(frozen=True)
+class ArchBudget:
+    """What one program may use on one GPU architecture family: every tile the plan offers fits this."""
+
+    #: shared memory per program, bytes: the opt-in maximum per block that Triton reports and enforces
+    smem_bytes: int
+    #: 32-bit registers per thread that the loop-carried fp32 tiles (accumulator + scores) may take
+    #: before spills become likely (255 is the hard limit; the rest holds operands and addresses)
+    live_fp32_regs_per_thread: int
+
+
+#: per-architecture budgets, keyed by compute-capability family
+ARCH_BUDGETS = {
+    # H100 / H200: 227 KB of shared memory per block (228 KB per SM less 1 KB reserved)
+    "sm90": ArchBudget(smem_bytes=232448, live_fp32_regs_per_thread=192),
+}
+#: the family the autotune spaces and untuned defaults are sized for (where they were measured)
+PLAN_ARCH = "sm90"
 
 #: dot operands need at least 16 rows; 64 rows fill one Hopper warpgroup MMA.
 MIN_BLOCK_M = 16
@@ -223,7 +252,7 @@ class PrefillConfig:
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    """Prefill in the decompressed (MHA) form, chunked prefill over the latent cache, cache write.
+    """Prefill in the decompressed (MHA) form and chunked prefill over the latent cache.
 
     The qk head dim Dn + Dr (192 for DeepSeek) is not a power of two, so the score dot is split into a
     nope part (Dn padded to ``dn_pad``) and a rope part (Dr padded to ``dr_pad``): two power-of-two dots
@@ -238,16 +267,24 @@ class PrefillPlan:
     dn_pad: int
     dr_pad: int
     dv_pad: int
-    dc_pad: int
     #: autotune space (sorted)
     space: tuple[PrefillConfig, ...]
     #: configuration used when no tuned one is recorded for the GPU
     default: PrefillConfig
     #: configuration used under TRITON_INTERPRET (small tiles keep numpy fast)
     interpreter: PrefillConfig
-    #: tokens per program of the LSE merge kernel and of the cache-write kernel
+    #: tokens per program of the LSE merge kernel
     merge_block_t: int
-    cache_write_block_t: int
+
+
+@dataclass(frozen=True)
+class CacheWritePlan:
+    """Writing new tokens' [c_kv ; k_pe] rows into the paged cache: emitted for every spec, since every
+    user of decode or chunked prefill fills the cache. One program per block_t tokens."""
+
+    dc_pad: int
+    dr_pad: int
+    block_t: int
 
 
 @dataclass(frozen=True)
@@ -260,7 +297,8 @@ class KernelPlan:
     page_size: int
     softmax_scale: float
     decode: DecodePlan | None
-    prefill: PrefillPlan | None = None
+    prefill: PrefillPlan | None
+    cache_write: CacheWritePlan
 
     def summary(self) -> dict[str, Any]:
         """The plan as plain data (what `mlagen show` prints)."""
@@ -291,30 +329,44 @@ def _pinned(values: tuple[int, ...], pin: int | None) -> tuple[int, ...]:
     return (pin,) if pin is not None else values
 
 
-def _decode_space(block_m: int, dc_pad: int, tiles: DecodeTiles, pinned: bool) -> tuple[TileConfig, ...]:
-    """Tile candidates for one row-block size.
+def decode_live_regs(block_m: int, c: TileConfig, dc_pad: int) -> int:
+    """fp32 registers per thread of the loop-carried decode tiles: accumulator (block_m x dc_pad) + scores."""
+    return (block_m * dc_pad + block_m * c.block_n) // (32 * c.num_warps)
+
+
+def decode_smem_bytes(block_m: int, c: TileConfig, dc_pad: int, dr_pad: int) -> int:
+    """Shared memory of one decode program: num_stages buffers of the block_n x (Dc + Dr) cache tile and the
+    block_m x (Dc + Dr) query tile (TMA lands it there for warpgroup MMAs), 2 bytes each."""
+    return 2 * (c.num_stages * c.block_n + block_m) * (dc_pad + dr_pad)
+
+
+def _decode_space(block_m: int, dc_pad: int, dr_pad: int, tiles: DecodeTiles, pinned: bool) -> tuple[TileConfig, ...]:
+    """Tile candidates for one row-block size within the PLAN_ARCH budget.
 
     The accumulator is block_m x dc_pad fp32 held in registers, so wide latents need more warps; the
     cache tile is block_n x (dc_pad + dr_pad) and is multi-buffered in shared memory, so wide tiles with
-    deep pipelines are dropped where they cannot fit the 227 KB of an H100 SM. Returns () when nothing
-    fits (then this block_m is not offered), unless the user pinned knobs.
+    deep pipelines are dropped where they do not fit. Returns () when nothing fits (then this block_m is
+    not offered). A pinned combination over the register heuristic is still what the user asked; one
+    over the shared-memory budget could never launch and is a PlanError.
     """
+    budget = ARCH_BUDGETS[PLAN_ARCH]
     # Pruned by an H100 sweep (2026-11-22): 16-token tiles only pay for mma.sync row blocks (< 64 rows),
     # and 16 warps only where the accumulator needs them (a 1024-wide latent); elsewhere they always lost.
     block_ns = _pinned((16, 32, 64, 128) if block_m < 64 else (32, 64, 128), tiles.block_n)
     warps = _pinned((4, 8, 16) if dc_pad >= 1024 else (4, 8), tiles.num_warps)
     stages = _pinned((1, 2, 3), tiles.num_stages)
-    out = []
-    for n in block_ns:
-        for w in warps:
-            for s in stages:
-                acc_regs_per_thread = block_m * dc_pad // (32 * w)
-                smem = s * n * (dc_pad + 64) * 2 + block_m * (dc_pad + 64) * 2
-                if acc_regs_per_thread > 160 or smem > 220 * 1024:
-                    continue
-                out.append(TileConfig(n, w, s))
-    if not out and pinned:  # a pinned combination that breaks the heuristics is still what the user asked
-        out = [TileConfig(block_ns[0], warps[0], stages[0])]
+    candidates = [TileConfig(n, w, s) for n in block_ns for w in warps for s in stages]
+    fits_smem = [c for c in candidates if decode_smem_bytes(block_m, c, dc_pad, dr_pad) <= budget.smem_bytes]
+    out = [c for c in fits_smem if decode_live_regs(block_m, c, dc_pad) <= budget.live_fp32_regs_per_thread]
+    if not out and pinned:
+        if not fits_smem:
+            c = candidates[0]
+            raise PlanError(
+                f"tiles.decode: block_m={block_m}, block_n={c.block_n}, num_stages={c.num_stages} needs "
+                f"{decode_smem_bytes(block_m, c, dc_pad, dr_pad):,} B of shared memory per program; "
+                f"{PLAN_ARCH} allows {budget.smem_bytes:,} B: pin smaller tiles or fewer stages"
+            )
+        out = fits_smem[:1]
     return tuple(sorted(out))
 
 
@@ -364,7 +416,7 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
     tiles = spec.tiles.decode
     pinned = any(v is not None for v in (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages))
     candidates = (tiles.block_m,) if tiles.block_m is not None else (16, 32, 64)
-    space = tuple((m, cfgs) for m in candidates if (cfgs := _decode_space(m, dc_pad, tiles, pinned)))
+    space = tuple((m, cfgs) for m in candidates if (cfgs := _decode_space(m, dc_pad, dr_pad, tiles, pinned)))
     block_ms = tuple(m for m, _ in space)
     defaults = tuple((m, _default_decode_config(m, dc_pad, cfgs)) for m, cfgs in space)
     combine_tiles = tuple((r, min(c, dc_pad)) for r, c in COMBINE_TILES)
@@ -396,12 +448,6 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
     )
 
 
-#: registers per thread an H100 gives a program before spilling gets likely (255 is the hard limit)
-PREFILL_MAX_REGS_PER_THREAD = 192
-#: shared memory per block on an H100 (the limit Triton reports: 227 KB)
-PREFILL_MAX_SMEM = 232448
-
-
 def prefill_smem_bytes(c: PrefillConfig, dn_pad: int, dr_pad: int, dv_pad: int) -> int:
     """Shared memory of one prefill program: the query tile, num_stages buffers of one key tile (k_nope,
     k_pe and v rows) and a block_m x max(block_n, dv_pad) staging tile, 2 bytes each. This matches what
@@ -410,15 +456,9 @@ def prefill_smem_bytes(c: PrefillConfig, dn_pad: int, dr_pad: int, dv_pad: int) 
     return 2 * (c.block_m * (dn_pad + dr_pad) + c.num_stages * key_tile + c.block_m * max(c.block_n, dv_pad))
 
 
-def _prefill_fits(c: PrefillConfig, dn_pad: int, dr_pad: int, dv_pad: int) -> bool:
-    """Register and shared-memory budget of one prefill tile.
-
-    Registers: the fp32 output accumulator (block_m x dv_pad) and the fp32 scores (block_m x block_n)
-    live across the inner loop. Shared memory: see prefill_smem_bytes.
-    """
-    regs = (c.block_m * dv_pad + c.block_m * c.block_n) // (32 * c.num_warps)
-    smem = prefill_smem_bytes(c, dn_pad, dr_pad, dv_pad)
-    return regs <= PREFILL_MAX_REGS_PER_THREAD and smem <= PREFILL_MAX_SMEM
+def prefill_live_regs(c: PrefillConfig, dv_pad: int) -> int:
+    """fp32 registers per thread of the loop-carried prefill tiles: accumulator (block_m x dv_pad) + scores."""
+    return (c.block_m * dv_pad + c.block_m * c.block_n) // (32 * c.num_warps)
 
 
 def _prefill_space(dn_pad: int, dr_pad: int, dv_pad: int, tiles: PrefillTiles) -> tuple[PrefillConfig, ...]:
@@ -426,17 +466,21 @@ def _prefill_space(dn_pad: int, dr_pad: int, dv_pad: int, tiles: PrefillTiles) -
     block_ns = _pinned((32, 64, 128), tiles.block_n)
     warps = _pinned((4, 8), tiles.num_warps)
     stages = _pinned((1, 2, 3, 4), tiles.num_stages)
-    space = [
-        c
-        for m in block_ms
-        for n in block_ns
-        for w in warps
-        for s in stages
-        if _prefill_fits(c := PrefillConfig(m, n, w, s), dn_pad, dr_pad, dv_pad)
-    ]
+    """Tile candidates within the PLAN_ARCH budget (see _decode_space for pinned knobs)."""
+    budget = ARCH_BUDGETS[PLAN_ARCH]
+    candidates = [PrefillConfig(m, n, w, s) for m in block_ms for n in block_ns for w in warps for s in stages]
+    fits_smem = [c for c in candidates if prefill_smem_bytes(c, dn_pad, dr_pad, dv_pad) <= budget.smem_bytes]
+    space = [c for c in fits_smem if prefill_live_regs(c, dv_pad) <= budget.live_fp32_regs_per_thread]
     pinned = any(v is not None for v in (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages))
-    if not space and pinned:  # a pinned combination that breaks the heuristics is still what the user asked
-        space = [PrefillConfig(block_ms[0], block_ns[0], warps[0], stages[0])]
+    if not space and pinned:
+        if not fits_smem:
+            c = candidates[0]
+            raise PlanError(
+                f"tiles.prefill: block_m={c.block_m}, block_n={c.block_n}, num_stages={c.num_stages} needs "
+                f"{prefill_smem_bytes(c, dn_pad, dr_pad, dv_pad):,} B of shared memory per program; "
+                f"{PLAN_ARCH} allows {budget.smem_bytes:,} B: pin smaller tiles or fewer stages"
+            )
+        space = fits_smem[:1]
     return tuple(sorted(space))
 
 
@@ -467,13 +511,15 @@ def lower_prefill(spec: MLASpec) -> PrefillPlan:
         dn_pad=dn_pad,
         dr_pad=dr_pad,
         dv_pad=dv_pad,
-        dc_pad=next_pow2(dc),
         space=space,
         default=_default_prefill_config(space),
         interpreter=PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1),
         merge_block_t=16,
-        cache_write_block_t=16,
     )
+
+
+def lower_cache_write(spec: MLASpec) -> CacheWritePlan:
+    return CacheWritePlan(dc_pad=next_pow2(spec.kv_lora_rank), dr_pad=next_pow2(spec.qk_rope_head_dim), block_t=16)
 
 
 def lower(spec: MLASpec) -> KernelPlan:
@@ -487,4 +533,5 @@ def lower(spec: MLASpec) -> KernelPlan:
         softmax_scale=softmax_scale_of(spec),
         decode=lower_decode(spec) if "decode" in spec.kernels else None,
         prefill=lower_prefill(spec) if "prefill" in spec.kernels else None,
+        cache_write=lower_cache_write(spec),
     )

@@ -19,7 +19,10 @@ __all__ = ["registered_specs", "resolve_kernel", "resolve_spec", "spec_dirs"]
 SPEC_PATH_ENV = "MLAGEN_SPEC_PATH"
 
 
-def spec_dirs(extra_dirs: Iterable[str | Path] = ()) -> list[Path]:
+def spec_dirs(extra_dirs: Iterable[str | Path] | str | Path = ()) -> list[Path]:
+    """Bundled specs, then MLAGEN_SPEC_PATH, then `extra_dirs` (one path, or several)."""
+    if isinstance(extra_dirs, (str, os.PathLike)):
+        extra_dirs = [extra_dirs]  # one directory, not a sequence of characters
     dirs = [bundled_spec_dir()]
     env = os.environ.get(SPEC_PATH_ENV, "")
     dirs += [Path(p) for p in env.split(os.pathsep) if p]
@@ -54,6 +57,10 @@ def resolve_kernel(arg: str | Path | MLASpec, extra_dirs: Iterable[str | Path] =
     """
     if isinstance(arg, MLASpec):
         return arg, None
+    if not isinstance(arg, (str, os.PathLike)):
+        raise TypeError(
+            f"spec: expected a registered spec name, a YAML path or an MLASpec, got {type(arg).__name__} {arg!r}"
+        )
     path = Path(arg)
     if path.suffix in (".yaml", ".yml") or path.is_file():
         return load_spec(path), None

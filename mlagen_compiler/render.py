@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import pprint
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ import jinja2
 
 from ._version import __version__
 from .plan import KernelPlan, TileConfig
+from .triton_support import TRITON_BELOW, TRITON_MIN, unsupported_message
 
 __all__ = ["render_module", "template_dir", "templates_digest"]
 
@@ -76,6 +76,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "version": __version__,
         "spec_name": spec.name,
         "spec_hash": plan.spec_hash,
+        "templates_hash": templates_digest(),
         "spec_literal": _literal(spec.to_flat_dict()),
         "num_heads": plan.num_heads,
         "dc": spec.kv_lora_rank,
@@ -85,10 +86,13 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "page_size": plan.page_size,
         "dtype": plan.dtype,
         "softmax_scale": repr(plan.softmax_scale),
-        "ln2": repr(math.log(2.0)),
         "interpreter_sm_count": INTERPRETER_SM_COUNT,
+        "triton_min": repr(TRITON_MIN),
+        "triton_below": repr(TRITON_BELOW),
+        "triton_warning": repr(unsupported_message("{installed}")),
         "decode": plan.decode,
         "prefill": plan.prefill,
+        "cache_write": plan.cache_write,
     }
     if plan.decode is not None:
         decode_tuned = (tuned or {}).get("decode", {})

@@ -44,7 +44,8 @@ def _check_multiple_in_range(field: str, value: int, multiple: int, lo: int, hi:
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+    # inf / NaN would compile into a module that cannot even be imported: every float must be finite
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True, allow_inf_nan=False)
 
 
 class RopeScaling(_Frozen):
@@ -242,9 +243,11 @@ def load_spec(path: str | Path) -> MLASpec:
     """Load and validate one YAML spec file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise SpecError(f"{path}: cannot read spec file ({error.strerror})") from None
+    except UnicodeDecodeError as error:
+        raise SpecError(f"{path}: not a YAML text file (byte {error.start} is not UTF-8)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as error:

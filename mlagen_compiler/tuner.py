@@ -335,7 +335,7 @@ def tune_module(
     """Benchmark every decode configuration of every reachable bucket on `cases`; choose the winners."""
     import torch
 
-    from .tuning import triton_version
+    from .triton_support import triton_version
 
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
     gpu = module._gpu_name(device) if hasattr(module, "_gpu_name") else torch.cuda.get_device_name(device)

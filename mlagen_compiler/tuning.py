@@ -32,6 +32,7 @@ from typing import Any
 
 from .compile import atomic_write_text
 from .spec import MLASpec
+from .triton_support import triton_version
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -57,20 +58,6 @@ LOCK_TIMEOUT_S = 120.0
 
 class TuningDBError(ValueError):
     """A tuning database that cannot be read or written (reported as one line by the CLI)."""
-
-
-def triton_version() -> str:
-    """The installed triton's version, without importing triton when the package metadata has it."""
-    from importlib import metadata
-
-    for dist in ("triton", "pytorch-triton"):
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    import triton
-
-    return str(triton.__version__)
 
 
 # ---- where databases live ----------------------------------------------------------------------------

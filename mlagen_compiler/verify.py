@@ -182,6 +182,10 @@ def verify_module(module: ModuleType, seed: int, on_gpu: bool, progress: Callabl
             progress(f"{module.SPEC['name']}: prefill {case.name}")
             generator = torch.Generator().manual_seed(seed * 1000 + 500 + i)
             results += run_prefill_case(module, case, generator, device)
+    for i, case in enumerate(cache_write_cases(on_gpu)):
+        progress(f"{module.SPEC['name']}: cache_write {case.name}")
+        generator = torch.Generator().manual_seed(seed * 1000 + 800 + i)
+        results.append(run_cache_write_case(module, case, generator, device))
     return results
 
 
@@ -203,10 +207,10 @@ def prefill_cases(on_gpu: bool) -> list[PrefillCase]:
 
 
 def run_prefill_case(module: ModuleType, case: PrefillCase, generator, device) -> list[CaseResult]:
-    """mla_prefill, mla_chunked_prefill and mla_cache_write on one set of random inputs."""
+    """mla_prefill and mla_chunked_prefill on one set of random inputs."""
     import torch
 
-    from .reference import cache_write, chunked_prefill, prefill_varlen
+    from .reference import chunked_prefill, prefill_varlen
 
     heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
     dc, dtype, name = module.KV_LORA_RANK, module.DTYPE, module.SPEC["name"]
@@ -255,15 +259,41 @@ def run_prefill_case(module: ModuleType, case: PrefillCase, generator, device) -
         w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=dtype,
     )  # fmt: skip
     results.append(judge("chunked", out, lse, *ref))
-
-    slots = torch.randperm(cache.shape[0] * page, generator=generator)[:total]
-    slots[::5] = -1  # padding tokens are skipped
-    c_kv, rope = rnd(total, dc), rnd(total, dr)
-    want = cache_write(cache, c_kv, rope, slots.to(device))
-    module.mla_cache_write(c_kv, rope, cache, slots.to(device))
-    same = bool(torch.equal(cache, want))
-    results.append(CaseResult(name, "cache_write", case.name, 0.0, 0.0, same, "" if same else "cache differs"))
     return results
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheWriteCase:
+    name: str
+    num_tokens: int
+    num_pages: int
+
+
+def cache_write_cases(on_gpu: bool) -> list[CacheWriteCase]:
+    """One token; many tokens over pages in random order (every fifth a padding token, slot -1)."""
+    if on_gpu:
+        return [CacheWriteCase("T=1", 1, 2), CacheWriteCase("T=2500 shuffled", 2500, 64)]
+    return [CacheWriteCase("T=1", 1, 2), CacheWriteCase("T=37 shuffled", 37, 5)]
+
+
+def run_cache_write_case(module: ModuleType, case: CacheWriteCase, generator, device) -> CaseResult:
+    """mla_cache_write against reference.cache_write, bit for bit, on a cache full of random rows."""
+    import torch
+
+    from .reference import cache_write
+
+    dc, dr, page, dtype = module.KV_LORA_RANK, module.QK_ROPE_HEAD_DIM, module.PAGE_SIZE, module.DTYPE
+    num_pages = max(case.num_pages, -(-case.num_tokens // page))
+    cache = torch.randn(num_pages, page, 1, dc + dr, generator=generator).to(dtype).to(device)
+    slots = torch.randperm(num_pages * page, generator=generator)[: case.num_tokens]
+    slots[::5] = -1  # padding tokens are skipped
+    slots = slots.to(device)
+    c_kv = torch.randn(case.num_tokens, dc, generator=generator).to(dtype).to(device)
+    rope = torch.randn(case.num_tokens, dr, generator=generator).to(dtype).to(device)
+    want = cache_write(cache, c_kv, rope, slots)
+    module.mla_cache_write(c_kv, rope, cache, slots)
+    same = bool(torch.equal(cache, want))
+    return CaseResult(module.SPEC["name"], "cache_write", case.name, 0.0, 0.0, same, "" if same else "cache differs")
 
 
 def use_interpreter_if_no_gpu() -> bool:

@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
-# Create .venv and install mlagen (editable) with the CPU test stack pinned to the GPU machine's Triton.
+# Create a virtual environment and install mlagen (editable) with the CPU test stack and one tested Triton.
+#   bash scripts/setup.sh          -> .venv               (triton 3.6, the GPU machine's)
+#   bash scripts/setup.sh 3.9      -> .venv-triton3.9     (any requirements/triton-<version>.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+version=${1:-3.6}
+pins=requirements/triton-$version.txt
+if [ ! -f "$pins" ]; then
+  echo "setup.sh: no $pins; tested Triton versions: $(ls requirements/triton-*.txt | sed 's/.*triton-//; s/\.txt$//' | xargs)" >&2
+  exit 2
+fi
+venv=.venv
+[ "$version" = "3.6" ] || venv=.venv-triton$version
 python=${PYTHON:-$(command -v python3.11 || command -v python3)}
-[ -x .venv/bin/python ] || "$python" -m venv .venv
-.venv/bin/python -m pip install -q --disable-pip-version-check -r requirements-ci.txt -e . 2>&1 \
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+"$venv/bin/python" -m pip install -q --disable-pip-version-check -r requirements/ci.txt -r "$pins" -e . 2>&1 \
   | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import torch, triton, mlagen_compiler; print('mlagen', mlagen_compiler.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"
+"$venv/bin/python" -c "import torch, triton, numpy, mlagen_compiler; print('$venv: mlagen', mlagen_compiler.__version__, '| torch', torch.__version__, '| triton', triton.__version__, '| numpy', numpy.__version__)"

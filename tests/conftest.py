@@ -14,6 +14,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 os.environ["MLAGEN_POISON_WORKSPACE"] = "1"
+# every index value checked against what it indexes, on the GPU too (on the CPU it is the default)
+os.environ["MLAGEN_VALIDATE"] = "1"
 
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
@@ -27,6 +29,25 @@ settings.register_profile("fuzz", max_examples=2000, **_common)
 settings.load_profile(os.environ.get("MLAGEN_HYPOTHESIS_PROFILE", "dev"))
 
 DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+
+
+def pytest_report_header(config):
+    """Which Triton and which kernel paths this run exercises (the paths differ between machines)."""
+    import triton
+
+    from mlagen_compiler.triton_support import TRITON_REQUIREMENT, triton_supported
+
+    where = (
+        f"on {torch.cuda.get_device_name()} (compiled kernels)"
+        if torch.cuda.is_available()
+        else "in Triton's CPU interpreter (TRITON_INTERPRET=1)"
+    )
+    inside = "inside" if triton_supported(triton.__version__) else "OUTSIDE"
+    return [
+        f"mlagen: triton {triton.__version__} ({inside} the supported range {TRITON_REQUIREMENT}), kernels run {where}",
+        "mlagen: decode backend: portable Triton; cache / key / value tiles through TMA descriptors and through "
+        "pointer loads (both drawn by the property tests)",
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -132,8 +132,33 @@ def test_template_change_makes_a_new_entry(cache_root, monkeypatch):
     assert second.built and second.path != first.path
 
 
-@pytest.mark.parametrize("damage", ["truncate", "edit", "drop_manifest", "garble_manifest"])
-def test_damaged_entry_is_rebuilt_with_warning(cache_root, damage):
+def _replace_with_directory(path: Path) -> None:
+    path.unlink()
+    (path / "stray").mkdir(parents=True)
+
+
+def _replace_with_file(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path)
+    path.write_text("not a directory")
+
+
+@pytest.mark.parametrize(
+    ("damage", "warning"),
+    [
+        ("truncate", "damaged .*does not match its recorded sha256"),
+        ("edit", "damaged .*does not match its recorded sha256"),
+        ("drop_manifest", "damaged .*manifest.json is missing"),
+        ("garble_manifest", "damaged .*manifest.json is unreadable"),
+        ("manifest_is_directory", "damaged .*manifest.json is a directory"),
+        ("module_is_directory", "damaged .*cache_me.py is a directory"),
+        ("entry_is_file", "damaged .*the entry is a file"),
+        ("modules_is_file", "modules is not a directory; replacing it"),
+        ("locks_is_file_and_entry_lost", "locks is not a directory; replacing it"),
+    ],
+)
+def test_damaged_entry_is_rebuilt_with_warning(cache_root, damage, warning):
     spec = spec_from_dict(FIELDS)
     good = cached_module_path(spec)
     original = good.path.read_bytes()
@@ -144,9 +169,20 @@ def test_damaged_entry_is_rebuilt_with_warning(cache_root, damage):
         good.path.write_bytes(original.replace(b"SOFTMAX_SCALE = ", b"SOFTMAX_SCALE = 2 * "))
     elif damage == "drop_manifest":
         manifest.unlink()
-    else:
+    elif damage == "garble_manifest":
         manifest.write_text("{not json")
-    with pytest.warns(CacheIntegrityWarning, match="damaged"):
+    elif damage == "manifest_is_directory":
+        _replace_with_directory(manifest)
+    elif damage == "module_is_directory":
+        _replace_with_directory(good.path)
+    elif damage == "entry_is_file":
+        _replace_with_file(good.path.parent)
+    elif damage == "modules_is_file":
+        _replace_with_file(cache_root / "modules")
+    else:  # an intact entry needs no lock; a lost one must be rebuilt under it
+        _replace_with_file(cache_root / "locks")
+        manifest.unlink()
+    with pytest.warns(CacheIntegrityWarning, match=warning):
         again = cached_module_path(spec)
     assert again.built and again.path == good.path
     assert good.path.read_bytes() == original

@@ -21,10 +21,12 @@ GEOMETRIES = [(512, 64), (256, 64), (256, 32), (64, 16), (96, 48)]  # (Dc, Dr)
     num_tokens=st.one_of(st.integers(0, 40), st.sampled_from([15, 16, 17, 33])),
     slot_dtype=st.sampled_from([torch.int32, torch.int64]),
     padding=st.floats(0.0, 0.5),
+    # every module emits the cache write, whichever kernels the spec asks for
+    kernels=st.sampled_from([["decode"], ["prefill"], ["decode", "prefill"]]),
     seed=st.integers(0, 2**32 - 1),
 )
 def test_cache_write_matches_reference(
-    build_module, device, geometry, page_size, dtype, num_tokens, slot_dtype, padding, seed
+    build_module, device, geometry, page_size, dtype, num_tokens, slot_dtype, padding, kernels, seed
 ):
     dc, dr = geometry
     module = build_module(
@@ -36,9 +38,9 @@ def test_cache_write_matches_reference(
         v_head_dim=32,
         page_size=page_size,
         dtype=dtype,
-        kernels=["prefill"],
+        kernels=kernels,
     )
-    note(f"dc={dc} dr={dr} page_size={page_size} tokens={num_tokens} padding={padding} seed={seed}")
+    note(f"dc={dc} dr={dr} page_size={page_size} tokens={num_tokens} padding={padding} {kernels} seed={seed}")
     g = torch.Generator().manual_seed(seed)
     num_pages = -(-(num_tokens + 3) // page_size) + 2
     cache = torch.randn(num_pages, page_size, 1, dc + dr, generator=g).to(module.DTYPE)

@@ -160,6 +160,6 @@ def test_gluon_api_missing_falls_back(monkeypatch, tmp_path):
     source = module_source(spec)
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)  # "import ... gluon" raises
     module = _import_source(source, tmp_path, "no_gluon")
-    if module._TRITON_MAJOR_MINOR in GLUON_VERIFIED_TRITON:
+    if module.TRITON_VERSION in GLUON_VERIFIED_TRITON:
         assert "triton.experimental.gluon is unusable" in module._GLUON_IMPORT_ERROR
     assert module._GLUON_IMPORT_ERROR and not hasattr(module, "_mla_decode_gluon_kernel")

@@ -1,7 +1,19 @@
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlagen_compiler.plan import TileConfig, lower, next_pow2
+from mlagen_compiler.plan import (
+    ARCH_BUDGETS,
+    PLAN_ARCH,
+    PlanError,
+    TileConfig,
+    decode_live_regs,
+    decode_smem_bytes,
+    lower,
+    next_pow2,
+    prefill_live_regs,
+    prefill_smem_bytes,
+)
 from mlagen_compiler.spec import spec_from_dict
 
 
@@ -29,17 +41,60 @@ def test_padding_is_pow2_and_covers(dc, dr):
         assert padded >= real and padded & (padded - 1) == 0 and padded < 2 * real
 
 
-@given(dc=st.integers(4, 64).map(lambda k: 16 * k))
-def test_space_fits_registers_and_shared_memory(dc):
-    plan = lower(spec(kv_lora_rank=dc)).decode
-    assert plan.block_ms()[0] == 16 and plan.block_ms() == tuple(sorted(plan.block_ms()))
-    for block_m, configs in plan.space:
-        assert configs, block_m
-        for c in configs:
-            assert block_m * plan.dc_pad // (32 * c.num_warps) <= 160
-            assert c.num_stages * c.block_n * (plan.dc_pad + 64) * 2 + block_m * (plan.dc_pad + 64) * 2 <= 220 * 1024
-        default = dict(plan.defaults)[block_m]
-        assert default in configs
+def multiple_of_16(lo, hi):
+    return st.integers(lo // 16, hi // 16).map(lambda k: 16 * k)
+
+
+@given(
+    heads=st.integers(1, 256),
+    dc=multiple_of_16(64, 1024),
+    dr=multiple_of_16(16, 128),
+    dn=multiple_of_16(16, 256),
+    dv=multiple_of_16(16, 256),
+    page_size=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256]),
+)
+def test_plan_never_offers_a_config_over_budget(heads, dc, dr, dn, dv, page_size):
+    """Over the whole range a spec may take: every offered tile fits the target's registers and shared memory."""
+    budget = ARCH_BUDGETS[PLAN_ARCH]
+    plan = lower(
+        spec(
+            num_heads=heads,
+            kv_lora_rank=dc,
+            qk_rope_head_dim=dr,
+            qk_nope_head_dim=dn,
+            v_head_dim=dv,
+            page_size=page_size,
+            kernels=["decode", "prefill"],
+        )
+    )
+    decode = plan.decode
+    assert decode.block_ms()[0] == 16 and decode.block_ms() == tuple(sorted(decode.block_ms()))
+    offered = [(m, c) for m, configs in decode.space for c in configs]
+    offered += [*decode.defaults, *decode.small_batch_defaults]
+    for block_m, c in offered:
+        assert c in dict(decode.space)[block_m]
+        assert decode_smem_bytes(block_m, c, decode.dc_pad, decode.dr_pad) <= budget.smem_bytes, (block_m, c)
+        assert decode_live_regs(block_m, c, decode.dc_pad) <= budget.live_fp32_regs_per_thread, (block_m, c)
+    prefill = plan.prefill
+    assert prefill.space and prefill.default in prefill.space
+    for c in prefill.space:
+        assert prefill_smem_bytes(c, prefill.dn_pad, prefill.dr_pad, prefill.dv_pad) <= budget.smem_bytes, c
+        assert prefill_live_regs(c, prefill.dv_pad) <= budget.live_fp32_regs_per_thread, c
+
+
+def test_decode_smem_model_counts_the_rope_columns():
+    """Dr = 128 pads the cache row to 640 columns: 64 query rows + 2 x 64 cache rows need 245,760 B."""
+    plan = lower(spec(qk_rope_head_dim=128)).decode
+    assert decode_smem_bytes(64, TileConfig(64, 8, 2), plan.dc_pad, plan.dr_pad) == 245760
+    assert TileConfig(64, 8, 2) not in dict(plan.space)[64]
+    assert dict(plan.defaults)[64] in dict(plan.space)[64]
+
+
+@pytest.mark.parametrize("kernel", ["decode", "prefill"])
+def test_pinned_tiles_over_the_shared_memory_budget_are_an_error(kernel):
+    tiles = {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 4}
+    with pytest.raises(PlanError, match=rf"^tiles\.{kernel}: block_m=64, block_n=128, num_stages=4 needs [\d,]+ B"):
+        lower(spec(kernels=[kernel], tiles={kernel: tiles}))
 
 
 def test_wide_latent_needs_eight_warps_for_64_rows():
@@ -69,25 +124,21 @@ def test_prefill_plan_splits_qk_into_pow2_parts():
     dr=st.integers(1, 8).map(lambda k: 16 * k),
     dv=st.integers(1, 16).map(lambda k: 16 * k),
 )
-def test_prefill_padding_and_space_fit(dn, dr, dv):
-    from mlagen_compiler.plan import PREFILL_MAX_REGS_PER_THREAD, PREFILL_MAX_SMEM, prefill_smem_bytes
-
+def test_prefill_padding_is_pow2_and_covers(dn, dr, dv):
     plan = lower(spec(qk_nope_head_dim=dn, qk_rope_head_dim=dr, v_head_dim=dv, kernels=["prefill"])).prefill
     for real, padded in ((dn, plan.dn_pad), (dr, plan.dr_pad), (dv, plan.dv_pad)):
         assert padded >= real and padded & (padded - 1) == 0 and padded < 2 * real
     assert plan.space and plan.space == tuple(sorted(plan.space)) and plan.default in plan.space
-    for c in plan.space:
-        assert (c.block_m * plan.dv_pad + c.block_m * c.block_n) // (32 * c.num_warps) <= PREFILL_MAX_REGS_PER_THREAD
-        assert prefill_smem_bytes(c, plan.dn_pad, plan.dr_pad, plan.dv_pad) <= PREFILL_MAX_SMEM
 
 
 def test_prefill_smem_model_matches_what_triton_refused():
     """Triton 3.6 on an H100 asked for these many bytes for qk 128+64 / v 128 (2026-11-22)."""
-    from mlagen_compiler.plan import PREFILL_MAX_SMEM, PrefillConfig, prefill_smem_bytes
+    from mlagen_compiler.plan import PrefillConfig
 
+    limit = ARCH_BUDGETS["sm90"].smem_bytes
     for config, asked in (((128, 64, 8, 4), 245760), ((128, 128, 8, 2), 245760), ((128, 128, 8, 3), 327680)):
-        assert prefill_smem_bytes(PrefillConfig(*config), 128, 64, 128) == asked > PREFILL_MAX_SMEM
-    assert prefill_smem_bytes(PrefillConfig(128, 64, 8, 3), 128, 64, 128) <= PREFILL_MAX_SMEM
+        assert prefill_smem_bytes(PrefillConfig(*config), 128, 64, 128) == asked > limit
+    assert prefill_smem_bytes(PrefillConfig(128, 64, 8, 3), 128, 64, 128) <= limit
 
 
 def test_prefill_overrides_pin_the_space():

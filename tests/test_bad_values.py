@@ -1,0 +1,230 @@
+"""Bad index values and scales given to the generated wrappers: with validation on (the CPU default,
+MLAGEN_VALIDATE=1 in the tests) each becomes a ValueError naming the argument, the position and the value,
+never a foreign memory access, unwritten output or a silent wrong answer."""
+
+import re
+
+import pytest
+import torch
+
+from mlagen_compiler.reference import prefill_varlen
+from mlagen_compiler.verify import LSE_TOLERANCE, compare
+
+FIELDS = dict(
+    name="bad-values",
+    num_heads=2,
+    kv_lora_rank=64,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=16,
+    v_head_dim=16,
+    page_size=4,
+    dtype="float16",
+    kernels=["decode", "prefill"],
+)
+
+
+@pytest.fixture
+def module(build_module):
+    return build_module(**FIELDS)
+
+
+def mha(module, lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    h, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(module.DTYPE)
+
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    cu = torch.tensor(bounds, dtype=torch.int32)
+    return rnd(total, h, dn + dr), rnd(total, h, dn), rnd(total, dr), rnd(total, h, dv), cu
+
+
+@pytest.mark.parametrize(
+    ("cu", "max_seqlen", "message"),
+    [
+        ([0, 3, 9], 6, "cu_seqlens: must end at the number of tokens (8), got cu_seqlens[-1] = 9"),
+        ([0, 3, 7], 4, "cu_seqlens: must end at the number of tokens (8), got cu_seqlens[-1] = 7"),
+        ([-2, 3, 8], 5, "cu_seqlens: must start at 0, got cu_seqlens[0] = -2"),
+        ([1, 3, 8], 5, "cu_seqlens: must start at 0, got cu_seqlens[0] = 1"),
+        ([0, 6, 5, 8], 6, "cu_seqlens: must not decrease, got cu_seqlens[1] = 6 > cu_seqlens[2] = 5"),
+        ([0, 3, 8], 4, "max_seqlen: 4 is less than the longest sequence (5 tokens)"),
+        ([0, 3, 8], 0, "max_seqlen: 0 is less than the longest sequence (5 tokens)"),
+        ([0, 3, 8], True, "max_seqlen: must be an int >= 0, got True"),
+        ([0, 3, 8], 5.0, "max_seqlen: must be an int >= 0, got 5.0"),
+    ],
+)
+@pytest.mark.parametrize("kernel", ["prefill", "chunked"])
+def test_prefill_token_bounds(module, cu, max_seqlen, message, kernel):
+    q, k_nope, k_pe, v, _ = mha(module, [3, 5])
+    cu = torch.tensor(cu, dtype=torch.int32)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        if kernel == "prefill":
+            module.mla_prefill(q, k_nope, k_pe, v, cu, max_seqlen)
+        else:
+            cache, table, prefix, w_uk, w_uv = chunked_extras(module, len(cu) - 1)
+            module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, max_seqlen, cache, table, prefix, w_uk, w_uv)
+
+
+def chunked_extras(module, batch, prefix_len=5, num_pages=6):
+    g = torch.Generator().manual_seed(1)
+    h, dn, dv, dc, dr = (module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK,
+                         module.QK_ROPE_HEAD_DIM)  # fmt: skip
+    cache = torch.randn(num_pages, module.PAGE_SIZE, 1, dc + dr, generator=g).to(module.DTYPE)
+    table = torch.randperm(num_pages, generator=g)[: 2 * batch].view(batch, 2).to(torch.int32)
+    prefix = torch.full((batch,), prefix_len, dtype=torch.int32)
+    w_uk = (torch.randn(h, dn, dc, generator=g) / dc**0.5).to(module.DTYPE)
+    w_uv = (torch.randn(h, dv, dc, generator=g) / dc**0.5).to(module.DTYPE)
+    return cache, table, prefix, w_uk, w_uv
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (
+            lambda t, p: t.__setitem__((1, 0), -1),
+            "block_table[1, 0] = -1: a page used by its sequence must be in [0, 5]",
+        ),
+        (lambda t, p: t.__setitem__((0, 1), 6), "block_table[0, 1] = 6: a page used by its sequence must be in [0, 5]"),
+        (
+            lambda t, p: p.__setitem__(1, 9),
+            "prefix_lens[1] = 9: a length (block_table rows hold 8 tokens) must be in [0, 8]",
+        ),
+        (
+            lambda t, p: p.__setitem__(0, -1),
+            "prefix_lens[0] = -1: a length (block_table rows hold 8 tokens) must be in [0, 8]",
+        ),
+    ],
+)
+def test_chunked_prefill_prefix_pages(module, mutate, message):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    cache, table, prefix, w_uk, w_uv = chunked_extras(module, 2)
+    mutate(table, prefix)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv)
+
+
+@pytest.mark.parametrize(
+    ("total", "message"),
+    [(9, "num_prefix_tokens: 9 is not the sum of prefix_lens (10)"), (-1, "num_prefix_tokens: must be an int >= 0")],
+)
+def test_chunked_prefill_prefix_total(module, total, message):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    cache, table, prefix, w_uk, w_uv = chunked_extras(module, 2)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv, num_prefix_tokens=total)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device synchronisation is only observable on a GPU")
+def test_chunked_prefill_with_a_host_total_never_synchronises(build_module):
+    module = build_module(**FIELDS)
+    q, k_nope, k_pe, v, cu = (t.cuda() for t in mha(module, [3, 5]))
+    cache, table, prefix, w_uk, w_uv = (t.cuda() for t in chunked_extras(module, 2))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        module.mla_chunked_prefill(
+            q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv, num_prefix_tokens=10, validate=False
+        )
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def test_unused_block_table_entries_are_not_checked(module):
+    """Entries past a sequence's pages are never read, so padding them with -1 (as engines do) is fine."""
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    cache, table, prefix, w_uk, w_uv = chunked_extras(module, 2, prefix_len=3)
+    table[:, 1] = -1
+    out = module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv)
+    assert not out.isnan().any()
+
+
+@pytest.mark.parametrize(
+    ("slots", "message"),
+    [
+        ([0, 24, -1], "slot_mapping[1] = 24: a slot (-1: skip the token) must be in [-1, 23]"),
+        ([0, 2**40, -1], "slot_mapping[1] = 1099511627776: a slot (-1: skip the token) must be in [-1, 23]"),
+        ([0, -2, 5], "slot_mapping[1] = -2: a slot (-1: skip the token) must be in [-1, 23]"),
+        ([7, 3, 7], "slot_mapping: slot 7 is written by more than one token"),
+    ],
+)
+def test_cache_write_slots(module, slots, message):
+    g = torch.Generator().manual_seed(2)
+    cache = torch.randn(6, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
+    before = cache.clone()
+    c_kv, k_pe = torch.randn(3, 64, generator=g).to(module.DTYPE), torch.randn(3, 16, generator=g).to(module.DTYPE)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        module.mla_cache_write(c_kv, k_pe, cache, torch.tensor(slots, dtype=torch.int64))
+    assert torch.equal(cache, before)  # nothing written
+
+
+@pytest.mark.parametrize("scale", [float("inf"), float("-inf"), float("nan"), True, "0.1"])
+def test_scales_must_be_finite_numbers(module, scale):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    with pytest.raises(ValueError, match=r"^softmax_scale: must be a finite number, got "):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5, softmax_scale=scale)
+    g = torch.Generator().manual_seed(3)
+    kv = torch.randn(4, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
+    dq = torch.randn(1, 1, module.NUM_HEADS, 80, generator=g).to(module.DTYPE)
+    args = (dq, kv, torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([6], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^softmax_scale: must be a finite number, got "):
+        module.mla_decode(*args, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("scale", [-1.0, -0.05, 1e-6, 3.0])
+def test_prefill_is_right_for_any_finite_scale(module, scale):
+    """The row max is taken after scaling: a negative scale turns the largest score into the smallest."""
+    q, k_nope, k_pe, v, cu = mha(module, [3, 70], seed=5)
+    got, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, 70, softmax_scale=scale, return_lse=True)
+    want, want_lse = prefill_varlen(q.double(), k_nope.double(), k_pe.double(), v.double(), cu, scale)
+    assert not compare(got, want, "float16")[2]
+    torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
+
+
+def test_validate_false_is_the_callers_contract(module):
+    """validate=False skips the checks (as on the GPU by default): a short max_seqlen is not caught then."""
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    with pytest.raises(ValueError, match="max_seqlen"):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 3, validate=True)
+    module.mla_prefill(q, k_nope, k_pe, v, cu, 3, validate=False)  # no check, no error (tokens 3, 4 unwritten)
+
+
+def decode_args(module, lengths, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    pages = -(-max(lengths) // module.PAGE_SIZE)
+    kv = torch.randn(len(lengths) * pages + 1, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
+    table = torch.randperm(len(lengths) * pages, generator=g).view(len(lengths), pages).to(torch.int32)
+    q = torch.randn(len(lengths), 1, module.NUM_HEADS, 80, generator=g).to(module.DTYPE)
+    return q, kv, table, torch.tensor(lengths, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (("table", (1, 2)), 13, "block_table[1, 2] = 13: a page used by its sequence must be in [0, 12]"),
+        (("table", (0, 0)), -1, "block_table[0, 0] = -1: a page used by its sequence must be in [0, 12]"),
+        (("lengths", 1), 13, "cache_seqlens[1] = 13: a length (block_table rows hold 12 tokens) must be in [0, 12]"),
+        (("lengths", 0), 2**31 - 1, "cache_seqlens[0] = 2147483647: a length (block_table rows hold 12 tokens)"),
+        (("lengths", 0), -5, "cache_seqlens[0] = -5: a length (block_table rows hold 12 tokens) must be in [0, 12]"),
+    ],
+)
+def test_decode_pages_and_lengths(module, where, value, message):
+    q, kv, table, lengths = decode_args(module, [9, 11, 3, 12])
+    tensor, position = where
+    (table if tensor == "table" else lengths)[position] = value
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        module.mla_decode(q, kv, table, lengths)
+
+
+def test_a_negative_length_cannot_disturb_the_other_sequences(module):
+    """Unvalidated (the GPU default), a negative length counts as empty: the other sequences stay right."""
+    q, kv, table, lengths = decode_args(module, [9, 11, 3, 12])
+    schedule = module.get_decode_schedule(4, 1, num_parts=3, min_blocks_per_part=1)
+    want, want_lse = module.mla_decode(q, kv, table, lengths, schedule=schedule, return_lse=True)
+    lengths[2] = -(2**30)
+    got, lse = module.mla_decode(q, kv, table, lengths, schedule=schedule, return_lse=True, validate=False)
+    keep = [0, 1, 3]
+    torch.testing.assert_close(got[keep], want[keep], atol=0, rtol=0)
+    assert not got[2].any() and (lse[2] == float("-inf")).all()
