@@ -99,8 +99,8 @@ class TileConfig:
 #: (3.6's warp_specialize takes a list of (function, args) pairs; later ones changed it), so the generated
 #: module defines the Gluon kernels only under these
 GLUON_VERIFIED_TRITON: tuple[tuple[int, int], ...] = ((3, 6),)
-#: shared memory one program may use on an H100 / H200 (what Triton reports: 227 KB)
-HOPPER_MAX_SMEM = 232448
+#: the Gluon decode is for Hopper only: its shared-memory budget is sm90's
+GLUON_MAX_SMEM = ARCH_BUDGETS["sm90"].smem_bytes
 
 
 @dataclass(frozen=True)
@@ -159,11 +159,11 @@ def lower_gluon_decode(dc: int, dr: int) -> GluonDecodePlan:
     if dr not in (16, 32, 64, 128):
         reasons.append(f"Dr = {dr} is not a power of two in 16..128")
     fitting = [
-        s for s in range(2, GLUON_MAX_STAGES + 1) if _gluon_smem_bytes(dc, dr, s, block_m, block_n) <= HOPPER_MAX_SMEM
+        s for s in range(2, GLUON_MAX_STAGES + 1) if _gluon_smem_bytes(dc, dr, s, block_m, block_n) <= GLUON_MAX_SMEM
     ]
     if not fitting:
         need = _gluon_smem_bytes(dc, dr, 2, block_m, block_n)
-        reasons.append(f"query tile + 2 cache stages need {need} B of shared memory > {HOPPER_MAX_SMEM}")
+        reasons.append(f"query tile + 2 cache stages need {need} B of shared memory > {GLUON_MAX_SMEM}")
     stages = max(fitting) if fitting else 2
     fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
     return GluonDecodePlan(
