@@ -54,6 +54,7 @@ class Case:
 @dataclass
 class Result:
     case: str
+    backend: str
     geometry: str
     batch: int
     seqlen_q: int
@@ -107,6 +108,7 @@ def cases(quick: bool) -> list[Case]:
     for b in (1, 8):
         for h in (16, 128):
             out.append(Case(f"H{h} B{b} S8192 graph", v3_spec(h), h, [8192] * b, graph=True))
+    out.append(Case("H128 B32 S8192", "deepseek-v3-tp1", 128, [8192] * 32))
     out.append(Case("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64))
     out.append(Case("H16 skewed4 Sq4 graph", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 4, graph=True))
     out.append(Case("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128))
@@ -197,12 +199,25 @@ def time_graph(fn) -> float:
     return median_ms(replay) / 20
 
 
-def run_case(case: Case, roof, tmp: Path, compare_default: bool, gen: torch.Generator) -> Result:
+def run_case(
+    case: Case,
+    roof,
+    tmp: Path,
+    compare_default: bool,
+    gen: torch.Generator,
+    backend: str = "auto",
+    graph_all: bool = False,
+) -> Result | None:
+    """None when `backend` cannot run this case here (e.g. gluon off Hopper, or an ineligible geometry)."""
     module = module_for(case.spec, case.num_heads, tmp)
+    chosen, why = module.decode_backend(torch.device("cuda"), "auto" if backend == "gluon" else backend)
+    if backend == "gluon" and chosen != "gluon":
+        print(f"[skip] {case.name} gluon: {why}", flush=True)
+        return None
     q, kv, table, lens = make_inputs(module, case.seqlens, case.seqlen_q, gen)
     batch = len(case.seqlens)
     max_len = max(case.seqlens)
-    schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device)
+    schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, backend=backend)
     out = torch.full(
         (batch, case.seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), float("nan"), dtype=torch.bfloat16, device="cuda"
     )
@@ -211,7 +226,7 @@ def run_case(case: Case, roof, tmp: Path, compare_default: bool, gen: torch.Gene
     call()
     max_err, rel, msg = check(module, q, kv, table, lens, out, lse, max_len)
     us = median_ms(call) * 1e3
-    graph_us = time_graph(call) * 1e3 if case.graph else None
+    graph_us = time_graph(call) * 1e3 if case.graph or graph_all else None
     eager = lambda: decode_paged_batched(
         q, kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len
     )
@@ -220,18 +235,19 @@ def run_case(case: Case, roof, tmp: Path, compare_default: bool, gen: torch.Gene
     except torch.OutOfMemoryError:
         eager_us = float("nan")
     default_us = None
-    if compare_default:
+    if compare_default and schedule.backend == "triton":
         small = batch <= module.DECODE_SMALL_BATCH
         default_cfg = (module.DECODE_SMALL_DEFAULTS if small else module.DECODE_DEFAULTS)[schedule.block_m]
-        sched_d = module.get_decode_schedule(batch, case.seqlen_q, q.device, config=default_cfg)
+        sched_d = module.get_decode_schedule(batch, case.seqlen_q, q.device, config=default_cfg, backend="triton")
         call_d = lambda: module.mla_decode(q, kv, table, lens, schedule=sched_d, out=out, lse=lse)
         default_us = (time_graph(call_d) if case.graph else median_ms(call_d)) * 1e3
-    best = graph_us if graph_us is not None else us
+    best = min(us, graph_us) if graph_us is not None else us
     nbytes, flops = bytes_and_flops(module, case.seqlens, case.seqlen_q)
     gbps = nbytes / (best * 1e-6) / 1e9
     tflops = flops / (best * 1e-6) / 1e12
     return Result(
         case=case.name,
+        backend=schedule.backend,
         geometry=f"Dc{module.KV_LORA_RANK}/Dr{module.QK_ROPE_HEAD_DIM}",
         batch=batch,
         seqlen_q=case.seqlen_q,
@@ -420,6 +436,12 @@ def main() -> None:
     parser.add_argument("--only", default="", help="run only cases whose name contains one of these (a,b,...)")
     parser.add_argument("--dump-ir", action="store_true", help="write TTGIR of two H=128 split kernels")
     parser.add_argument("--no-suite", action="store_true", help="only the sweep, not the benchmark cases")
+    parser.add_argument(
+        "--backends",
+        default="gluon,triton",
+        help="decode backends to time side by side (gluon: the Hopper kernel, where it runs; triton: portable)",
+    )
+    parser.add_argument("--graph-all", action="store_true", help="time CUDA-graph replay for every case too")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -445,13 +467,17 @@ def main() -> None:
         for case in [] if args.no_suite else cases(args.quick):
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            r = run_case(case, roof, tmp, args.compare_default, gen)
-            results.append(r)
-            print(
-                f"[done] {r.case}: {r.graph_us or r.us:.1f} us {'ok' if r.passed else 'FAIL ' + str(r.extra)}",
-                flush=True,
-            )
-            torch.cuda.empty_cache()
+            for backend in args.backends.split(","):
+                r = run_case(case, roof, tmp, args.compare_default, gen, backend, args.graph_all)
+                if r is None:
+                    continue
+                results.append(r)
+                print(
+                    f"[done] {r.case} {r.backend}: {min(r.us, r.graph_us or r.us):.1f} us "
+                    f"{'ok' if r.passed else 'FAIL ' + str(r.extra)}",
+                    flush=True,
+                )
+                torch.cuda.empty_cache()
     (args.out / "decode.json").write_text(
         json.dumps({**meta, "roofline": roof, "results": [asdict(r) for r in results]}, indent=1)
     )
@@ -460,17 +486,21 @@ def main() -> None:
         f"\n## Decode, {gpu}, {meta['date'][:10]}, bf16, page {PAGE_SIZE}; copy {roof['copy_gbps']:.0f} GB/s, "
         f"matmul {roof['matmul_tflops']:.0f} TFLOP/s"
     )
-    print("| case | config | µs | graph µs | GB/s | %copy | TFLOP/s | %mma | eager µs | speed-up | default µs | ok |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| case | backend | config | µs | graph µs | GB/s | %copy | TFLOP/s | %mma | eager µs | speed-up | default µs "
+        "| ok |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         g = f"{r.graph_us:.1f}" if r.graph_us is not None else "-"
         d = f"{r.default_us:.1f}" if r.default_us is not None else "-"
         print(
-            f"| {r.case} | {r.config} | {r.us:.1f} | {g} | {r.gbps:.0f} | {r.pct_copy:.0f}% | {r.tflops:.0f} | "
+            f"| {r.case} | {r.backend} | {r.config} | {r.us:.1f} | {g} | {r.gbps:.0f} | {r.pct_copy:.0f}% | "
+            f"{r.tflops:.0f} | "
             f"{r.pct_mma:.0f}% | {r.eager_us:.0f} | {r.speedup:.1f}x | {d} | "
             f"{'yes' if r.passed else 'NO ' + r.extra.get('detail', '')} |"
         )
-    failed = [r.case for r in results if not r.passed]
+    failed = [f"{r.case} ({r.backend})" for r in results if not r.passed]
     if failed:
         print(f"FAILED correctness: {failed}")
         sys.exit(1)

@@ -144,7 +144,7 @@ def verify_command(
                 typer.echo(f"  ... {message}", err=True)
 
             results += verify_module(module, seed, on_gpu, progress)
-    widths = (22, 7, 18, 11, 11, 5)
+    widths = (22, 13, 18, 11, 11, 5)
     typer.echo(
         f"{'spec':<{widths[0]}} {'kernel':<{widths[1]}} {'case':<{widths[2]}} "
         f"{'max abs err':>{widths[3]}} {'rel err':>{widths[4]}} {'result':<{widths[5]}}"

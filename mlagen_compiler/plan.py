@@ -14,9 +14,11 @@ from .spec import DecodeTiles, MLASpec, PrefillTiles
 
 __all__ = [
     "ARCH_BUDGETS",
+    "GLUON_VERIFIED_TRITON",
     "PLAN_ARCH",
     "ArchBudget",
     "DecodePlan",
+    "GluonDecodePlan",
     "PlanError",
     "KernelPlan",
     "CacheWritePlan",
@@ -93,6 +95,96 @@ class TileConfig:
         return f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}"
 
 
+#: Triton (major, minor) releases the Gluon decode was verified with: the Gluon API moves between releases
+#: (3.6's warp_specialize takes a list of (function, args) pairs; later ones changed it), so the generated
+#: module defines the Gluon kernels only under these
+GLUON_VERIFIED_TRITON: tuple[tuple[int, int], ...] = ((3, 6),)
+#: the Gluon decode is for Hopper only: its shared-memory budget is sm90's
+GLUON_MAX_SMEM = ARCH_BUDGETS["sm90"].smem_bytes
+
+
+@dataclass(frozen=True)
+class GluonDecodePlan:
+    """The warp-specialised Gluon decode for compute capability 9.x (Hopper); see decode_gluon.py.jinja.
+
+    One program: ``block_m`` = 64 query rows (one warpgroup MMA tall) x one split-KV run of ``block_n`` =
+    64-position cache blocks. The softmax warpgroup computes Q K^T, the online softmax and P V over the
+    first ``dc_half`` latent columns; a second warpgroup does P V over the other half; a producer fills a
+    ring of ``num_stages`` shared-memory stages (TMA boxes where a page holds whole blocks, else a
+    ``gather_warps``-warp gather through the page table).
+
+    Eligible geometries: Dc / 2 a power of two in 64..256 (each warpgroup's accumulator is a power-of-two
+    tensor of at most 256 columns: the wgmma N limit, and 128 fp32 registers a thread at 256), Dr a power
+    of two in 16..128 (tensor shapes are powers of two; one K step of 16), and the query tile plus two
+    cache stages plus P must fit shared memory. Other geometries use the portable Triton kernel.
+    """
+
+    eligible: bool
+    #: why the geometry is not eligible ('' when it is)
+    reason: str
+    block_m: int
+    block_n: int
+    dc_half: int
+    num_stages: int
+    #: shared memory of one program, bytes
+    smem_bytes: int
+    #: registers per thread of the second (P V) warpgroup and of the TMA producer warp (setmaxnreg)
+    consumer_regs: int
+    producer_regs: int
+    #: pages smaller than block_n: gathering producer warps, their registers, columns per gathered tile
+    gather_warps: int
+    gather_regs: int
+    gather_cols: int
+    #: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks per run
+    parts_per_sm: int
+    min_blocks_per_part: int
+    verified_triton: tuple[tuple[int, int], ...]
+
+
+def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int) -> int:
+    """Query tile, `stages` cache blocks, P, the alpha and row-sum vectors and the mbarriers (2-byte data)."""
+    return 2 * (block_m * (dc + dr) + stages * block_n * (dc + dr) + block_m * block_n) + 2 * 4 * block_m + 8 * 16
+
+
+#: most ring stages offered: past 4 a 64-position block is already > 10 us of transfers ahead
+GLUON_MAX_STAGES = 4
+
+
+def lower_gluon_decode(dc: int, dr: int) -> GluonDecodePlan:
+    block_m = block_n = 64
+    dc_half = dc // 2
+    reasons = []
+    if dc % 2 or dc_half not in (64, 128, 256):
+        reasons.append(f"Dc/2 = {dc / 2:g} is not a power of two in 64..256 (the columns each warpgroup accumulates)")
+    if dr not in (16, 32, 64, 128):
+        reasons.append(f"Dr = {dr} is not a power of two in 16..128")
+    fitting = [
+        s for s in range(2, GLUON_MAX_STAGES + 1) if _gluon_smem_bytes(dc, dr, s, block_m, block_n) <= GLUON_MAX_SMEM
+    ]
+    if not fitting:
+        need = _gluon_smem_bytes(dc, dr, 2, block_m, block_n)
+        reasons.append(f"query tile + 2 cache stages need {need} B of shared memory > {GLUON_MAX_SMEM}")
+    stages = max(fitting) if fitting else 2
+    fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
+    return GluonDecodePlan(
+        eligible=not reasons,
+        reason="; ".join(reasons),
+        block_m=block_m,
+        block_n=block_n,
+        dc_half=dc_half,
+        num_stages=stages,
+        smem_bytes=_gluon_smem_bytes(dc, dr, stages, block_m, block_n),
+        consumer_regs=168,
+        producer_regs=40,
+        gather_warps=4,
+        gather_regs=88,
+        gather_cols=64,
+        parts_per_sm=1,
+        min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
+        verified_triton=GLUON_VERIFIED_TRITON,
+    )
+
+
 @dataclass(frozen=True)
 class DecodePlan:
     """Absorbed decode over the paged latent cache.
@@ -135,6 +227,8 @@ class DecodePlan:
     defaults: tuple[tuple[int, TileConfig], ...]
     #: configuration used under TRITON_INTERPRET (small tiles keep numpy fast)
     interpreter: TileConfig
+    #: the Hopper backend (Gluon): eligibility and its constants
+    gluon: GluonDecodePlan
 
     def block_ms(self) -> tuple[int, ...]:
         return tuple(m for m, _ in self.space)
@@ -214,6 +308,13 @@ class KernelPlan:
             dec["space"] = {m: [c.key() for c in cfgs] for m, cfgs in self.decode.space}
             dec["defaults"] = {m: c.key() for m, c in self.decode.defaults}
             dec["interpreter"] = self.decode.interpreter.key()
+            gluon = self.decode.gluon
+            verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
+            dec["backend"] = (
+                f"gluon on compute capability 9.x with triton {verified}, else triton"
+                if gluon.eligible
+                else f"triton (not gluon: {gluon.reason})"
+            )
             out["decode"] = dec
         if self.prefill is not None:
             pre = asdict(self.prefill)
@@ -343,6 +444,7 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
         space=space,
         defaults=defaults,
         interpreter=TileConfig(block_n=16, num_warps=4, num_stages=1),
+        gluon=lower_gluon_decode(dc, dr),
     )
 
 

@@ -99,6 +99,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
             decode_small_defaults=_literal({m: _config_tuple(c) for m, c in plan.decode.small_batch_defaults}),
             decode_combine_tiles=_literal(dict(plan.decode.combine_block_runs)),
             decode_tuned=_literal({tuple(k.split("|")): tuple(v) for k, v in decode_tuned.items()}),
+            decode_gluon_reason=repr(plan.decode.gluon.reason),
         )
     if plan.prefill is not None:
         prefill_tuned = (tuned or {}).get("prefill", {})

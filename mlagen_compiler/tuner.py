@@ -155,7 +155,7 @@ def decode_buckets(module: ModuleType, cases: Sequence[TuneCase], device) -> lis
     for seqlen_q in SEQLEN_QS:
         reached: dict[tuple[str, int, bool], list[TuneCase]] = {}
         for case in (c for c in cases if c.kernel == "decode"):
-            block_m = module.get_decode_schedule(case.batch, seqlen_q, device, num_parts=1).block_m
+            block_m = module.get_decode_schedule(case.batch, seqlen_q, device, num_parts=1, backend="triton").block_m
             small = case.batch <= module.DECODE_SMALL_BATCH  # the condition get_decode_schedule applies
             reached.setdefault((module.decode_bucket(block_m, small), block_m, small), []).append(case)
         for (bucket, block_m, small), bucket_cases in reached.items():
@@ -260,7 +260,7 @@ def _timed_call(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], conf
     if bucket.kernel == "decode":
         q = inputs["q"]
         batch, seqlen_q = q.shape[0], q.shape[1]
-        schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=config)
+        schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=config, backend="triton")
         out_shape = (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK)
         out = torch.empty(out_shape, dtype=module.DTYPE, device=q.device)
         lse = torch.empty((batch, module.NUM_HEADS, seqlen_q), dtype=torch.float32, device=q.device)
@@ -318,7 +318,7 @@ def _check_config(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], co
         return ""
     q = inputs["q"]
     batch, seqlen_q = q.shape[0], q.shape[1]
-    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config))
+    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config), backend="triton")
     nan = float("nan")
     out = torch.full((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), nan, dtype=module.DTYPE, device=q.device)
     lse = torch.full((batch, module.NUM_HEADS, seqlen_q), nan, dtype=torch.float32, device=q.device)

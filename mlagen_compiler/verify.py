@@ -15,6 +15,7 @@ from typing import Any
 __all__ = [
     "LSE_TOLERANCE",
     "TOLERANCES",
+    "poison_unused_cache",
     "CaseResult",
     "PrefillCase",
     "compare",
@@ -154,6 +155,21 @@ def _error_text(error: AssertionError) -> str:
     return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
+def poison_unused_cache(inputs: dict[str, Any]) -> None:
+    """NaN into every cache slot no sequence owns: the slots of a last page past its sequence's end and the
+    pages nobody uses. Uninitialised cache memory may hold anything; no kernel may let it reach an output."""
+    import torch
+
+    kv_cache = inputs["kv_cache"]
+    page_size = kv_cache.shape[1]
+    table = inputs["block_table"].cpu()
+    owned = torch.zeros(kv_cache.shape[0], page_size, dtype=torch.bool)
+    for b, length in enumerate(inputs["cache_seqlens"].cpu().tolist()):
+        for i in range(-(-length // page_size)):
+            owned[int(table[b, i]), : min(page_size, length - i * page_size)] = True
+    kv_cache[~owned.to(kv_cache.device)] = float("nan")
+
+
 def compare(out, ref, dtype_name: str) -> tuple[float, float, str]:
     """Max abs error, relative norm error and a failure message ('' when within tolerance)."""
     import torch
@@ -208,7 +224,9 @@ def run_decode_case(module: ModuleType, case: DecodeCase, generator, device) -> 
     )
     out, lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule)
     max_err, rel, message = compare_with_lse(out, lse, *decode_reference(module, inputs), module.SPEC["dtype"])
-    return CaseResult(module.SPEC["name"], "decode", case.name, max_err, rel, not message, message)
+    # the kernel column names the backend that ran (gluon on Hopper where it applies, else triton)
+    kernel = f"decode/{getattr(schedule, 'backend', 'triton')}"
+    return CaseResult(module.SPEC["name"], kernel, case.name, max_err, rel, not message, message)
 
 
 def verify_module(module: ModuleType, seed: int, on_gpu: bool, progress: Callable[[str], None]) -> list[CaseResult]:

@@ -12,7 +12,16 @@ from helpers import DEEPSEEK_V3_TP8_SPEC
 from hypothesis import given, note
 from hypothesis import strategies as st
 
-from mlagen_compiler.verify import compare, compare_with_lse, decode_reference, make_decode_inputs
+from mlagen_compiler.plan import lower_gluon_decode
+from mlagen_compiler.verify import (
+    compare,
+    compare_with_lse,
+    decode_reference,
+    make_decode_inputs,
+    poison_unused_cache,
+)
+
+BACKENDS = ["triton", "gluon"]
 
 GEOMETRIES = [  # (H, Dc, Dr): DeepSeek-like, Mistral-Small-4-like, MiniCPM3-like, odd widths
     (16, 512, 64),
@@ -23,12 +32,36 @@ GEOMETRIES = [  # (H, Dc, Dr): DeepSeek-like, Mistral-Small-4-like, MiniCPM3-lik
     (5, 320, 48),
     (32, 256, 64),
 ]
+#: the geometries the Gluon backend takes (the others always run the portable kernel)
+GLUON_GEOMETRIES = [g for g in GEOMETRIES if lower_gluon_decode(g[1], g[2]).eligible]
+PAGE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def gluon_skip_reason(build_module, device) -> str:
+    """'' when the Gluon decode runs here, else why not (interpreter, GPU, Triton release)."""
+    module = build_module(
+        name="gluon-probe",
+        num_heads=16,
+        kv_lora_rank=512,
+        qk_rope_head_dim=64,
+        qk_nope_head_dim=64,
+        v_head_dim=64,
+        page_size=64,
+        dtype="bfloat16",
+    )
+    backend, reason = module.decode_backend(device, "auto")
+    return "" if backend == "gluon" else reason
+
+
+def require_backend(build_module, device, backend):
+    if backend == "gluon" and (reason := gluon_skip_reason(build_module, device)):
+        pytest.skip(f"Gluon decode cannot run here: {reason}")
 
 
 @st.composite
-def decode_problems(draw):
-    heads, dc, dr = draw(st.sampled_from(GEOMETRIES))
-    page_size = draw(st.sampled_from([1, 2, 4, 16, 64]))
+def decode_problems(draw, geometries=tuple(GEOMETRIES)):
+    heads, dc, dr = draw(st.sampled_from(geometries))
+    page_size = draw(st.sampled_from(PAGE_SIZES))
     dtype = draw(st.sampled_from(["bfloat16", "float16"]))
     seqlen_q = draw(st.integers(1, 4))
     p = page_size
@@ -43,6 +76,8 @@ def decode_problems(draw):
     min_blocks = draw(st.sampled_from([None, 1, 2]))
     # whole-page cache blocks through TMA descriptors, or every block gathered through the page table
     tma = draw(st.booleans())
+    # unused cache slots (page tails, unused pages) hold NaN, as uninitialised memory may
+    nan_unused = draw(st.booleans())
     seed = draw(st.integers(0, 2**32 - 1))
     return dict(
         heads=heads,
@@ -55,6 +90,7 @@ def decode_problems(draw):
         num_parts=num_parts,
         min_blocks=min_blocks,
         tma=tma,
+        nan_unused=nan_unused,
         seed=seed,
     )
 
@@ -72,16 +108,21 @@ def module_for(build_module, problem):
     )
 
 
-@given(problem=decode_problems())
-def test_decode_matches_reference(build_module, device, problem):
-    note(repr(problem))
-    module = module_for(build_module, problem)
+def check_decode(module, device, problem, backend):
     g = torch.Generator().manual_seed(problem["seed"])
     inputs = make_decode_inputs(module, problem["seqlens"], problem["seqlen_q"], g, device)
+    if problem.get("nan_unused"):
+        poison_unused_cache(inputs)
     batch, seqlen_q = len(problem["seqlens"]), problem["seqlen_q"]
     schedule = module.get_decode_schedule(
-        batch, seqlen_q, device, num_parts=problem["num_parts"], min_blocks_per_part=problem["min_blocks"]
+        batch,
+        seqlen_q,
+        device,
+        num_parts=problem["num_parts"],
+        min_blocks_per_part=problem["min_blocks"],
+        backend=backend,
     )
+    assert schedule.backend == backend, schedule.backend_reason
     out = torch.full(
         (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK),
         float("nan"),
@@ -95,6 +136,42 @@ def test_decode_matches_reference(build_module, device, problem):
     assert not got.isnan().any(), "unwritten or NaN output elements"
     _, _, message = compare_with_lse(got, got_lse, *decode_reference(module, inputs), problem["dtype"])
     assert not message, message
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@given(data=st.data())
+def test_decode_matches_reference(build_module, device, backend, data):
+    require_backend(build_module, device, backend)
+    problem = data.draw(decode_problems(tuple(GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES)))
+    note(repr(problem))
+    check_decode(module_for(build_module, problem), device, problem, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("page_size", PAGE_SIZES)
+def test_decode_every_page_size(build_module, device, backend, page_size):
+    """Every page size with Sq 1..4, page edges, an empty sequence and NaN in every unused slot; GPU only
+    (under the interpreter the property test above covers these, a few at a time)."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the interpreter runs the property test's draws instead")
+    require_backend(build_module, device, backend)
+    p = page_size
+    for seqlen_q in (1, 2, 3, 4):
+        problem = dict(
+            heads=16,
+            dc=512,
+            dr=64,
+            page_size=p,
+            dtype="bfloat16",
+            seqlen_q=seqlen_q,
+            seqlens=[1, max(1, p - 1), p + 1, 0, 3 * p + 5, 700, 64, 129],
+            num_parts=None if seqlen_q % 2 else 7,
+            min_blocks=None if seqlen_q % 2 else 1,
+            tma=True,
+            nan_unused=True,
+            seed=1000 * p + seqlen_q,
+        )
+        check_decode(module_for(build_module, problem), device, problem, backend)
 
 
 def test_default_call_and_softmax_scale(build_module, device):

@@ -1,0 +1,146 @@
+"""Compile a generated module's Gluon decode kernel for sm_90a on a machine without a GPU (dev tool).
+
+Triton's front end, its passes and ptxas (shipped in the triton wheel) need no GPU: a stand-in driver
+answers "the current device is a compute capability 9.0 GPU", the kernel is compiled with `warmup`
+(nothing is launched), and the register / spill report of ptxas is printed. Catches Gluon API and layout
+errors and register spills without device time.
+
+    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--page-size N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+
+import torch
+
+
+class _OfflineHopperDriver:
+    """Enough of triton's active driver for compilation: target, device and stream queries."""
+
+    def __init__(self) -> None:
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", 90, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int | None = None) -> int:
+        return 0
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+
+def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False) -> dict:
+    """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
+    from triton.runtime.driver import driver
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    driver.set_active(_OfflineHopperDriver())
+    spec = importlib.util.spec_from_file_location("offline_module", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert not module._GLUON_IMPORT_ERROR, module._GLUON_IMPORT_ERROR
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    batch, heads = 4, module.NUM_HEADS
+    q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
+    kv = torch.empty(64 * module.PAGE_SIZE, width, dtype=module.DTYPE)
+    q_desc_c, q_desc_r = module._gluon_descriptors(q, module.DECODE_GLUON_BLOCK_M)
+    kv_desc_c, kv_desc_r = module._gluon_descriptors(kv, module.DECODE_GLUON_BLOCK_N)
+    i32 = torch.empty(16, dtype=torch.int32)
+    f32 = torch.empty(16, dtype=torch.float32)
+    out = torch.empty(16, dtype=module.DTYPE)
+    kernel = module._mla_decode_gluon_kernel.warmup(
+        q_desc_c,
+        q_desc_r,
+        kv_desc_c,
+        kv_desc_r,
+        kv,
+        i32,
+        i32,
+        out,
+        f32,
+        f32,
+        f32,
+        0.1,
+        batch,
+        8,
+        5,
+        module.PAGE_SIZE * width,
+        width,
+        64,
+        512,
+        512,
+        512,
+        64,
+        1,
+        512 * 64,
+        512,
+        SQ=seqlen_q,
+        H=heads,
+        DC=module.KV_LORA_RANK,
+        DR=module.QK_ROPE_HEAD_DIM,
+        DC_HALF=module.DECODE_GLUON_DC_HALF,
+        PAGE_SIZE=module.PAGE_SIZE,
+        BLOCK_M=module.DECODE_GLUON_BLOCK_M,
+        BLOCK_N=module.DECODE_GLUON_BLOCK_N,
+        BLOCK_B=16,
+        STAGES=module.DECODE_GLUON_STAGES,
+        P_LAYOUT=module._GLUON_LAYOUT_P,
+        GATHER=gather,
+        GATHER_COLS=module.DECODE_GLUON_GATHER_COLS,
+        GATHER_WARPS=module.DECODE_GLUON_GATHER_WARPS,
+        CONSUMER_REGS=module.DECODE_GLUON_CONSUMER_REGS,
+        PRODUCER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
+        GATHER_REGS=module.DECODE_GLUON_GATHER_REGS,
+        LN2=0.6931471805599453,
+        num_warps=4,
+        grid=(1,),
+    )
+    return {"shared": kernel.metadata.shared, "resources": _resource_usage(kernel.asm["cubin"]), "kernel": kernel}
+
+
+def _resource_usage(cubin: bytes) -> str:
+    """cuobjdump's register / stack / spill line for the kernel (cuobjdump ships in the triton wheel)."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        report = subprocess.run([tool, "--dump-resource-usage", handle.name], capture_output=True, text=True)
+    return " ".join(line.strip() for line in report.stdout.splitlines() if "REG" in line)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("module")
+    parser.add_argument("--sq", type=int, default=1)
+    parser.add_argument("--gather", action="store_true", help="the gathering producer (pages < 64)")
+    parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
+    args = parser.parse_args(argv)
+    result = compile_offline(args.module, args.sq, args.gather)
+    kernel = result.pop("kernel")
+    print(result)
+    if args.dump:
+        os.makedirs(args.dump, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            if ext in kernel.asm:
+                with open(os.path.join(args.dump, f"kernel.{ext}"), "w") as handle:
+                    handle.write(kernel.asm[ext])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

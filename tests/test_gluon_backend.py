@@ -1,0 +1,165 @@
+"""The Gluon decode backend on the CPU: its plan, its rendered source, and how a module chooses a backend.
+
+The kernels themselves cannot run here (Triton's interpreter does not run Gluon); on a GPU the property
+tests in test_decode.py run them for every backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from unittest.mock import patch
+
+import pytest
+import triton
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlagen_compiler.compile import module_source
+from mlagen_compiler.plan import GLUON_VERIFIED_TRITON, lower, lower_gluon_decode
+from mlagen_compiler.registry import registered_specs, resolve_spec
+from mlagen_compiler.spec import spec_from_dict
+
+GEOMETRY = dict(qk_nope_head_dim=64, v_head_dim=64)
+
+
+def _import_source(source: str, directory: Path, name: str):
+    """Import generated source from a file (Triton's JIT reads the kernels' source from it)."""
+    path = directory / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", sorted(registered_specs()))
+def test_bundled_specs_render_gluon_source(name):
+    spec = resolve_spec(name)
+    plan = lower(spec).decode.gluon
+    assert plan.eligible, plan.reason
+    source = module_source(spec)
+    assert "def _mla_decode_gluon_kernel(" in source and "gl.warp_specialize(" in source
+    compile(source, f"<{name}>", "exec")
+
+
+@st.composite
+def gluon_specs(draw):
+    dc = draw(st.sampled_from([128, 256, 512]))
+    dr = draw(st.sampled_from([16, 32, 64, 128]))
+    return dict(
+        name="gluon-drawn",
+        num_heads=draw(st.integers(1, 256)),
+        kv_lora_rank=dc,
+        qk_rope_head_dim=dr,
+        page_size=draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256])),
+        dtype=draw(st.sampled_from(["bfloat16", "float16"])),
+        **GEOMETRY,
+    )
+
+
+@given(fields=gluon_specs())
+def test_drawn_geometry_renders_gluon_source_that_compiles(fields):
+    spec = spec_from_dict(fields)
+    plan = lower(spec).decode.gluon
+    source = module_source(spec)
+    compile(source, "<drawn>", "exec")
+    assert ("def _mla_decode_gluon_kernel(" in source) == plan.eligible
+    if plan.eligible:
+        assert plan.dc_half * 2 == fields["kv_lora_rank"] and plan.num_stages >= 2
+        assert f"DECODE_GLUON_STAGES = {plan.num_stages}" in source
+    else:
+        assert plan.reason and repr(plan.reason) in source
+
+
+@pytest.mark.parametrize(
+    ("dc", "dr", "reason"),
+    [
+        (320, 64, "Dc/2 = 160 is not a power of two"),
+        (1024, 64, "Dc/2 = 512 is not a power of two"),
+        (64, 16, "Dc/2 = 32 is not a power of two"),
+        (256, 48, "Dr = 48 is not a power of two"),
+        (512, 128, "shared memory"),
+    ],
+)
+def test_ineligible_geometries_say_why(dc, dr, reason):
+    plan = lower_gluon_decode(dc, dr)
+    assert not plan.eligible and reason in plan.reason
+
+
+def test_stages_fill_shared_memory():
+    assert lower_gluon_decode(512, 64).num_stages == 2  # 72 KB query tile + 2 x 72 KB stages
+    assert lower_gluon_decode(256, 64).num_stages == 4
+    assert all(lower_gluon_decode(dc, 64).smem_bytes <= 232448 for dc in (128, 256, 512))
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    spec = spec_from_dict(dict(name="select-me", num_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, **GEOMETRY))
+    return _import_source(module_source(spec), tmp_path_factory.mktemp("select"), "select_me")
+
+
+def test_backend_selection(module):
+    select = module.select_decode_backend
+    ok = dict(eligible=True, gluon_error="", interpreting=False, capability=(9, 0))
+    assert select("auto", **ok) == ("gluon", "")
+    assert select("gluon", **ok) == ("gluon", "")
+    assert select("triton", **ok)[0] == "triton"
+    for change, words in [
+        (dict(capability=(8, 0)), "compute capability 8.0"),
+        (dict(capability=(10, 0)), "compute capability 10.0"),
+        (dict(capability=None), "not a CUDA device"),
+        (dict(interpreting=True), "TRITON_INTERPRET=1"),
+        (dict(gluon_error="triton 3.9.0 is not a release"), "triton 3.9.0"),
+        (dict(eligible=False), "geometry"),
+    ]:
+        backend, reason = select("auto", **{**ok, **change})
+        assert backend == "triton" and words in reason
+        with pytest.raises(ValueError, match=f"MLAGEN_DECODE_BACKEND: 'gluon' cannot run here: .*{words}"):
+            select("gluon", **{**ok, **change})
+    with pytest.raises(ValueError, match="MLAGEN_DECODE_BACKEND: expected auto, gluon or triton, got 'cuda'"):
+        select("cuda", **ok)
+
+
+def test_environment_variable_forces_a_backend(module, monkeypatch):
+    import torch
+
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("MLAGEN_DECODE_BACKEND", "triton")
+    schedule = module.get_decode_schedule(2, 1, cpu)
+    assert schedule.backend == "triton" and "MLAGEN_DECODE_BACKEND=triton" in schedule.backend_reason
+    assert "backend='triton'" in repr(schedule)
+    monkeypatch.setenv("MLAGEN_DECODE_BACKEND", "gluon")
+    with pytest.raises(ValueError, match="MLAGEN_DECODE_BACKEND: 'gluon' cannot run here"):
+        module.get_decode_schedule(2, 1, cpu)
+    monkeypatch.setenv("MLAGEN_DECODE_BACKEND", "fast")
+    with pytest.raises(ValueError, match="MLAGEN_DECODE_BACKEND: expected auto, gluon or triton, got 'fast'"):
+        module.get_decode_schedule(2, 1, cpu)
+    monkeypatch.delenv("MLAGEN_DECODE_BACKEND")
+    assert module.get_decode_schedule(2, 1, cpu).backend == "triton"  # auto, on a CPU
+
+
+def test_unverified_triton_release_imports_without_gluon_kernels(tmp_path):
+    """Under a Triton release the Gluon code was not verified with, the module imports and falls back."""
+    spec = spec_from_dict(dict(name="future", num_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, **GEOMETRY))
+    source = module_source(spec)
+    unverified = f"{max(GLUON_VERIFIED_TRITON)[0]}.{max(GLUON_VERIFIED_TRITON)[1] + 3}.0"
+    with patch.object(triton, "__version__", unverified):
+        module = _import_source(source, tmp_path, "future")
+    assert f"triton {unverified} is not a release the Gluon decode was verified with" in module._GLUON_IMPORT_ERROR
+    assert not hasattr(module, "_mla_decode_gluon_kernel")
+    backend, reason = module.select_decode_backend(
+        "auto", eligible=True, gluon_error=module._GLUON_IMPORT_ERROR, interpreting=False, capability=(9, 0)
+    )
+    assert backend == "triton" and unverified in reason
+
+
+def test_gluon_api_missing_falls_back(monkeypatch, tmp_path):
+    spec = spec_from_dict(dict(name="no-gluon", num_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, **GEOMETRY))
+    source = module_source(spec)
+    monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)  # "import ... gluon" raises
+    module = _import_source(source, tmp_path, "no_gluon")
+    if module.TRITON_VERSION in GLUON_VERIFIED_TRITON:
+        assert "triton.experimental.gluon is unusable" in module._GLUON_IMPORT_ERROR
+    assert module._GLUON_IMPORT_ERROR and not hasattr(module, "_mla_decode_gluon_kernel")
