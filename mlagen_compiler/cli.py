@@ -214,6 +214,10 @@ from .cli_tools import register as _register_tools  # noqa: E402  (tune, env, ca
 
 _register_tools(app, one_line_errors, UsageError, _specs)
 
+from .integrations.cli import register as _register_hf  # noqa: E402  (spec-from-hf)
+
+_register_hf(app, one_line_errors, UsageError)
+
 
 @app.callback(invoke_without_command=True)
 def _root(
