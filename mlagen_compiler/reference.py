@@ -1,4 +1,4 @@
-"""Plain-PyTorch MLA, written from the maths (DESIGN.md §1), as the ground truth for every kernel.
+"""Plain-PyTorch MLA from its maths (decompressed and absorbed forms): the ground truth for every kernel.
 
 Everything computes in the dtype of its inputs; tests pass float64 (or float32) tensors. Two forms of
 the same layer are given and must agree with each other:

@@ -107,6 +107,31 @@ def test_chunked_prefill_prefix_pages(module, mutate, message):
         module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv)
 
 
+@pytest.mark.parametrize(
+    ("total", "message"),
+    [(9, "num_prefix_tokens: 9 is not the sum of prefix_lens (10)"), (-1, "num_prefix_tokens: must be an int >= 0")],
+)
+def test_chunked_prefill_prefix_total(module, total, message):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    cache, table, prefix, w_uk, w_uv = chunked_extras(module, 2)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv, num_prefix_tokens=total)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device synchronisation is only observable on a GPU")
+def test_chunked_prefill_with_a_host_total_never_synchronises(build_module):
+    module = build_module(**FIELDS)
+    q, k_nope, k_pe, v, cu = (t.cuda() for t in mha(module, [3, 5]))
+    cache, table, prefix, w_uk, w_uv = (t.cuda() for t in chunked_extras(module, 2))
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        module.mla_chunked_prefill(
+            q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv, num_prefix_tokens=10, validate=False
+        )
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 def test_unused_block_table_entries_are_not_checked(module):
     """Entries past a sequence's pages are never read, so padding them with -1 (as engines do) is fine."""
     q, k_nope, k_pe, v, cu = mha(module, [3, 5])
@@ -164,3 +189,42 @@ def test_validate_false_is_the_callers_contract(module):
     with pytest.raises(ValueError, match="max_seqlen"):
         module.mla_prefill(q, k_nope, k_pe, v, cu, 3, validate=True)
     module.mla_prefill(q, k_nope, k_pe, v, cu, 3, validate=False)  # no check, no error (tokens 3, 4 unwritten)
+
+
+def decode_args(module, lengths, seed=4):
+    g = torch.Generator().manual_seed(seed)
+    pages = -(-max(lengths) // module.PAGE_SIZE)
+    kv = torch.randn(len(lengths) * pages + 1, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
+    table = torch.randperm(len(lengths) * pages, generator=g).view(len(lengths), pages).to(torch.int32)
+    q = torch.randn(len(lengths), 1, module.NUM_HEADS, 80, generator=g).to(module.DTYPE)
+    return q, kv, table, torch.tensor(lengths, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    ("where", "value", "message"),
+    [
+        (("table", (1, 2)), 13, "block_table[1, 2] = 13: a page used by its sequence must be in [0, 12]"),
+        (("table", (0, 0)), -1, "block_table[0, 0] = -1: a page used by its sequence must be in [0, 12]"),
+        (("lengths", 1), 13, "cache_seqlens[1] = 13: a length (block_table rows hold 12 tokens) must be in [0, 12]"),
+        (("lengths", 0), 2**31 - 1, "cache_seqlens[0] = 2147483647: a length (block_table rows hold 12 tokens)"),
+        (("lengths", 0), -5, "cache_seqlens[0] = -5: a length (block_table rows hold 12 tokens) must be in [0, 12]"),
+    ],
+)
+def test_decode_pages_and_lengths(module, where, value, message):
+    q, kv, table, lengths = decode_args(module, [9, 11, 3, 12])
+    tensor, position = where
+    (table if tensor == "table" else lengths)[position] = value
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        module.mla_decode(q, kv, table, lengths)
+
+
+def test_a_negative_length_cannot_disturb_the_other_sequences(module):
+    """Unvalidated (the GPU default), a negative length counts as empty: the other sequences stay right."""
+    q, kv, table, lengths = decode_args(module, [9, 11, 3, 12])
+    schedule = module.get_decode_schedule(4, 1, num_parts=3, min_blocks_per_part=1)
+    want, want_lse = module.mla_decode(q, kv, table, lengths, schedule=schedule, return_lse=True)
+    lengths[2] = -(2**30)
+    got, lse = module.mla_decode(q, kv, table, lengths, schedule=schedule, return_lse=True, validate=False)
+    keep = [0, 1, 3]
+    torch.testing.assert_close(got[keep], want[keep], atol=0, rtol=0)
+    assert not got[2].any() and (lse[2] == float("-inf")).all()

@@ -192,9 +192,11 @@ def test_chunked_prefill_equals_full_attention(build_module, device, problem, da
     w_uv = (torch.randn(heads, dv, dc, generator=g) / dc**0.5).to(module.DTYPE).to(device)
     plen = torch.tensor(prefix_lens, dtype=torch.int32, device=device)
     out, lse = poisoned(module, sum(lengths), device)
+    # the prefix total as a host int (no synchronisation, graph-capturable) or read from prefix_lens
+    total = data.draw(st.sampled_from([None, sum(prefix_lens)]), label="num_prefix_tokens")
     got, got_lse = module.mla_chunked_prefill(
         q, k_nope, k_pe, v, cu, max(lengths), cache, table, plen, w_uk, w_uv,
-        return_lse=True, out=out, lse=lse, config=config,
+        return_lse=True, out=out, lse=lse, config=config, num_prefix_tokens=total,
     )  # fmt: skip
     want, want_lse = chunked_prefill(
         q.double(), k_nope.double(), k_pe.double(), v.double(), cu, cache.double(), table, plen,
