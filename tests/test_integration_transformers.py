@@ -374,7 +374,9 @@ def test_custom_ops_pass_opcheck():
     torch.library.opcheck(ops.decode, (rand(2, 1, h, dc + dr), kv, block_table, lens, scale))
     mha = (rand(5, h, dn + dr), rand(5, h, dn), rand(5, dr), rand(5, h, dv), cu, 3)
     torch.library.opcheck(ops.prefill, (*mha, scale))
-    torch.library.opcheck(ops.chunked_prefill, (*mha, kv, block_table, lens, rand(h, dn, dc), rand(h, dv, dc), scale))
+    torch.library.opcheck(
+        ops.chunked_prefill, (*mha, kv, block_table, lens, rand(h, dn, dc), rand(h, dv, dc), scale, 29)
+    )
     slots = torch.tensor([5, -1, 40], dtype=torch.int64)
     torch.library.opcheck(ops.cache_write, (rand(3, dc), rand(3, dr), kv, slots))
     out = ops.decode(rand(2, 1, h, dc + dr), kv, block_table, lens, scale)

@@ -5,7 +5,8 @@
     ops.decode(q, kv_cache, block_table, cache_seqlens, softmax_scale) -> o_lat [B, Sq, H, Dc]
     ops.prefill(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale) -> out [T, H, Dv]
     ops.chunked_prefill(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens,
-                        w_uk, w_uv, softmax_scale) -> out [T, H, Dv]
+                        w_uk, w_uv, softmax_scale, num_prefix_tokens) -> out [T, H, Dv]
+                        (num_prefix_tokens = sum(prefix_lens), a host int: no host synchronisation)
     ops.cache_write(c_kv, k_pe, kv_cache, slot_mapping) -> None   (mutates kv_cache)
 
 (decode / prefill ops exist only where the spec emits those kernels). Each module gets its own namespace,
@@ -101,14 +102,29 @@ def _register(module: ModuleType, ns: str) -> SimpleNamespace:
             w_uk: Tensor,
             w_uv: Tensor,
             softmax_scale: float,
+            num_prefix_tokens: int,
         ) -> Tensor:
             return module.mla_chunked_prefill(
                 q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv,
-                softmax_scale=softmax_scale,
+                softmax_scale=softmax_scale, num_prefix_tokens=num_prefix_tokens,
             )  # fmt: skip
 
         @chunked_prefill.register_fake
-        def _(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv, scale):
+        def _(
+            q,
+            k_nope,
+            k_pe,
+            v,
+            cu_seqlens,
+            max_seqlen,
+            kv_cache,
+            block_table,
+            prefix_lens,
+            w_uk,
+            w_uv,
+            scale,
+            num_prefix,
+        ):
             return q.new_empty((q.shape[0], heads, dv))
 
         ops.prefill = prefill

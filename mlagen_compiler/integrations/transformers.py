@@ -67,6 +67,7 @@ class _Step:
     prefix_lens: Tensor | None  # [B] int32 tokens cached before this step
     cache_seqlens: Tensor | None  # [B] int32 tokens cached after this step
     block_table: Tensor | None  # [B, pages per sequence] int32
+    lengths_before: list[int]
     lengths_after: list[int]
 
 
@@ -142,7 +143,7 @@ def _plan_step(
         cu_seqlens = torch.tensor(cu, dtype=torch.int32, device=device)
     return _Step(
         mode, batch, num_new, cache, position_ids, slots, tokens, cu_seqlens, max(counts), prefix_lens,
-        cache_seqlens, block_table, after,
+        cache_seqlens, block_table, list(prefix), after,
     )  # fmt: skip
 
 
@@ -380,7 +381,7 @@ def _mla_attention_forward(
         else:
             attn = ops.chunked_prefill(
                 q_mha, k_nope, k_rope, value, step.cu_seqlens, step.max_seqlen, kv_cache, step.block_table,
-                step.prefix_lens, self.mlagen_w_uk_kernel, self.mlagen_w_uv_kernel, scale,
+                step.prefix_lens, self.mlagen_w_uk_kernel, self.mlagen_w_uv_kernel, scale, sum(step.lengths_before),
             )  # fmt: skip
         # padding rows get zeros: nothing attends to them and their outputs are not results
         out = hidden_states.new_zeros(batch * seqlen, heads * spec.v_head_dim)
