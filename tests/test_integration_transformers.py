@@ -81,6 +81,17 @@ def poisoned_cache(model, **kwargs) -> PagedMLACache:
     return cache
 
 
+def check_steps(model, reference, cache, lengths, batch, seed, dtype) -> None:
+    """Feed random steps of `lengths` tokens; each step's logits match the reference over the whole sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    seen = torch.empty(batch, 0, dtype=torch.long)
+    with torch.no_grad():
+        for n in lengths:
+            ids = torch.randint(1, VOCAB, (batch, n), generator=gen)
+            seen = torch.cat([seen, ids], dim=1)
+            close(model(ids, past_key_values=cache).logits, reference(seen).logits[:, -n:], dtype)
+
+
 @pytest.fixture
 def modes(monkeypatch):
     """The kernel path each model step took (prefill / chunked / decode)."""
@@ -193,16 +204,8 @@ def test_patched_v3_matches_unpatched_step_by_step(dtype, modes):
     unpatched model run over the whole sequence."""
     reference = tiny_v3(seed=1)
     model = patched(reference, dtype)
-    gen = torch.Generator().manual_seed(2)
-    steps = [torch.randint(1, VOCAB, (2, n), generator=gen) for n in (7, 1, 1, 6, 3)]
     cache = poisoned_cache(model, max_batch_size=3, max_cache_len=40)
-    seen = torch.empty(2, 0, dtype=torch.long)
-    with torch.no_grad():
-        for ids in steps:
-            logits = model(ids, past_key_values=cache).logits
-            seen = torch.cat([seen, ids], dim=1)
-            expected = reference(seen).logits[:, -ids.shape[1] :]
-            close(logits, expected, dtype)
+    check_steps(model, reference, cache, (7, 1, 1, 6, 3), batch=2, seed=2, dtype=dtype)
     assert modes == ["prefill", "decode", "decode", "chunked", "decode"]
     assert cache.get_seq_length() == 18 and cache.lengths[:2] == [18, 18]
 
@@ -211,14 +214,8 @@ def test_patched_v2_matches_unpatched(modes):
     """DeepSeek-V2 code: complex rope, no q LoRA."""
     reference = tiny_v2(seed=3)
     model = patched(reference, torch.float16, page_size=8)
-    gen = torch.Generator().manual_seed(4)
     cache = poisoned_cache(model, max_batch_size=1, max_cache_len=20)
-    seen = torch.empty(1, 0, dtype=torch.long)
-    with torch.no_grad():
-        for n in (9, 1, 5):
-            ids = torch.randint(1, VOCAB, (1, n), generator=gen)
-            seen = torch.cat([seen, ids], dim=1)
-            close(model(ids, past_key_values=cache).logits, reference(seen).logits[:, -n:], torch.float16)
+    check_steps(model, reference, cache, (9, 1, 5), batch=1, seed=4, dtype=torch.float16)
     assert modes == ["prefill", "decode", "chunked"]
 
 
@@ -392,12 +389,6 @@ def test_torch_compile_traces_patched_attention_without_graph_breaks(modes):
     model = patched(reference, dtype)
     for layer in model.model.layers:
         layer.self_attn.forward = torch.compile(layer.self_attn.forward, fullgraph=True, backend="aot_eager")
-    gen = torch.Generator().manual_seed(15)
     cache = PagedMLACache(model, max_batch_size=2, max_cache_len=24)
-    seen = torch.empty(2, 0, dtype=torch.long)
-    with torch.no_grad():
-        for n in (6, 1, 5):
-            ids = torch.randint(1, VOCAB, (2, n), generator=gen)
-            seen = torch.cat([seen, ids], dim=1)
-            close(model(ids, past_key_values=cache).logits, reference(seen).logits[:, -n:], dtype)
+    check_steps(model, reference, cache, (6, 1, 5), batch=2, seed=15, dtype=dtype)
     assert modes == ["prefill", "decode", "chunked"]

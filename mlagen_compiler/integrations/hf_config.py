@@ -136,19 +136,15 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
     """The dict of a config.json, given the file or a directory holding one (errors name the path)."""
     path = Path(path)
     file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        where = f"{path} holds no config.json" if path.is_dir() else f"{file}: no such file"
+        raise SpecError(f"{where}: give a config.json or a directory holding one")
     try:
-        text = file.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        where = f"{path} has no config.json" if path.is_dir() else f"{file}: no such file"
-        raise SpecError(f"{where}: give a config.json or a directory holding one") from None
-    except UnicodeDecodeError as error:
-        raise SpecError(f"{file}: not a JSON text file (byte {error.start} is not UTF-8)") from None
+        data = json.loads(file.read_bytes())  # bytes: json detects the UTF encoding itself
     except OSError as error:
         raise SpecError(f"{file}: cannot read ({error.strerror})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SpecError(f"{file}: not valid JSON: {error.msg} at line {error.lineno}") from None
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise SpecError(f"{file}: not valid JSON: {str(error).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{file}: a config must be a JSON object, got {type(data).__name__}")
     return data
