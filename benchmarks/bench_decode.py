@@ -35,7 +35,7 @@ from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dic
 from mlagen_compiler.reference import decode_paged_batched  # noqa: E402
 from mlagen_compiler.registry import resolve_spec  # noqa: E402
 from mlagen_compiler.tuning import tuned_for_spec  # noqa: E402
-from mlagen_compiler.verify import compare  # noqa: E402
+from mlagen_compiler.verify import compare_with_lse, paged_block_table  # noqa: E402
 
 PAGE_SIZE = 64
 
@@ -149,15 +149,7 @@ def make_inputs(module, seqlens: list[int], seqlen_q: int, gen: torch.Generator)
     """Random bf16 data (never zeros) and a shuffled page table with every page distinct."""
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     batch = len(seqlens)
-    pages = [-(-s // PAGE_SIZE) for s in seqlens]
-    max_pages = max(pages)
-    num_pages = sum(pages)
-    perm = torch.randperm(num_pages, generator=gen, device="cpu")
-    table = torch.zeros(batch, max_pages, dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(pages):
-        table[b, :n] = perm[used : used + n].to(torch.int32)
-        used += n
+    table, num_pages = paged_block_table(seqlens, PAGE_SIZE, gen)
     kv = torch.randn(num_pages, PAGE_SIZE, 1, width, dtype=torch.bfloat16, device="cuda")
     q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, dtype=torch.bfloat16, device="cuda")
     return q, kv, table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda")
@@ -176,11 +168,7 @@ def check(module, q, kv, table, lens, out, lse, max_len):
     ref_out, ref_lse = decode_paged_batched(
         q.float(), kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len
     )
-    max_err, rel, msg = compare(out, ref_out, "bfloat16")
-    lse_err = float((lse - ref_lse).abs().max())
-    if not msg and lse_err > 1e-2:
-        msg = f"lse error {lse_err:.3g}"
-    return max_err, rel, msg
+    return compare_with_lse(out, lse, ref_out, ref_lse, "bfloat16")
 
 
 def median_ms(fn, rep: int = 200) -> float:

@@ -33,9 +33,12 @@ from typing import Any
 
 from ._version import __version__
 from .compile import atomic_write_text, import_module_from_path, module_source
+from .paths import CACHE_DIR_ENV, cache_dir
+from .registry import resolve_spec
 from .render import templates_digest
 from .spec import MLASpec
 from .triton_support import triton_version
+from .tuning import tuned_for_spec
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -50,7 +53,6 @@ __all__ = [
     "load",
 ]
 
-CACHE_DIR_ENV = "MLAGEN_CACHE_DIR"
 #: bump when the layout of an entry or the composition of the key changes
 CACHE_FORMAT = 1
 LOCK_TIMEOUT_S = 300.0
@@ -63,15 +65,6 @@ class CacheError(OSError):
 
 class CacheIntegrityWarning(UserWarning):
     """A cache entry did not match its recorded hash and was rebuilt."""
-
-
-def cache_dir() -> Path:
-    env = os.environ.get(CACHE_DIR_ENV)
-    if env:
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("mlagen", appauthor=False))
 
 
 def _canonical(value: Any) -> str:
@@ -254,13 +247,10 @@ def load(
     """The generated module for a spec (object, YAML path or registered name), compiled only on a cache miss.
 
     spec_dirs: extra directories of registered specs (besides the bundled ones and `MLAGEN_SPEC_PATH`).
-    tuned: tuned configurations to render in ({kernel: {"<gpu>|<bucket>": config}}); default: those the
+    tuned: tuned configurations to render in ({kernel: {"<arch>|<gpu>|<bucket>": config}}); default: those the
     tuning databases (`tuning_dbs`, default shipped + user database) record for this spec.
     Loading never tunes: run `mlagen tune` for that.
     """
-    from .registry import resolve_spec
-    from .tuning import tuned_for_spec
-
     resolved = resolve_spec(spec, spec_dirs)
     if tuned is None:
         tuned = tuned_for_spec(resolved, tuning_dbs)

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import typer
 
+from . import cli_tools
 from ._version import __version__
-from .cli_tools import AllOption, SeedOption, SpecArgs, SpecDirOption
+from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors
+from .cli_common import check_spec_dirs as _spec_dirs
+from .cli_common import resolve_specs as _specs
 from .compile import compile_spec, import_module_from_path
 from .plan import lower
 from .registry import registered_specs, resolve_spec, spec_dirs
@@ -27,55 +28,6 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
-
-F = TypeVar("F", bound=Callable[..., Any])
-
-
-class UsageError(Exception):
-    """A problem with what the user asked for; reported as one line."""
-
-
-def fail(message: str) -> None:
-    typer.echo(f"mlagen: error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def one_line_errors(func: F) -> F:
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return func(*args, **kwargs)
-        except (SpecError, UsageError, ValueError, OSError) as error:
-            fail(" | ".join(str(error).splitlines()) or type(error).__name__)
-
-    return wrapper  # type: ignore[return-value]
-
-
-def _spec_dirs(dirs: list[Path] | None) -> list[Path]:
-    for directory in dirs or []:
-        if not directory.is_dir():
-            raise UsageError(f"--spec-dir {directory}: not a directory")
-    return list(dirs or [])
-
-
-def _specs(args: list[str], all_bundled: bool, dirs: list[Path] | None = None) -> list[MLASpec]:
-    extra = _spec_dirs(dirs)
-    if all_bundled:
-        args = [*args, *registered_specs(extra)]
-    if not args:
-        raise UsageError("no spec given: name YAML files or registered specs, or pass --all")
-    seen: dict[str, tuple[str, MLASpec]] = {}
-    for arg in args:
-        spec = resolve_spec(arg, extra)
-        if spec.name in seen and seen[spec.name][1] != spec:
-            # both would be written to the same module file; the second would silently win or be dropped
-            raise UsageError(
-                f"{seen[spec.name][0]} and {arg} are different specs with the same name '{spec.name}': "
-                "give each its own name"
-            )
-        seen.setdefault(spec.name, (str(arg), spec))
-    return [spec for _, spec in seen.values()]
-
 
 TuningOption = Annotated[
     str,
@@ -210,9 +162,7 @@ def verify_command(
         raise typer.Exit(1)
 
 
-from .cli_tools import register as _register_tools  # noqa: E402  (tune, env, cache: see cli_tools.py)
-
-_register_tools(app, one_line_errors, UsageError, _specs)
+cli_tools.register(app)  # tune, tuning, env, cache
 
 from .integrations.cli import register as _register_hf  # noqa: E402  (spec-from-hf)
 

@@ -1,7 +1,9 @@
-"""`mlagen tune`, `mlagen env` and `mlagen cache info|clear`: the commands around the cache and tuning database.
+"""`mlagen tune`, `mlagen tuning migrate`, `mlagen env` and `mlagen cache info|clear`: the commands around
+the cache and the tuning database.
 
 Registered on the main typer app by `cli.py` (kept apart so the core commands stay short); errors are
-one line with exit code 2 like every other command.
+one line with exit code 2 like every other command. The work itself is library code (`tuner.tune_specs`,
+`tuning.migrate_db`, `cache`); these commands parse arguments and print.
 """
 
 from __future__ import annotations
@@ -9,7 +11,6 @@ from __future__ import annotations
 import os
 import platform
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,18 +19,9 @@ from typing import Annotated, Any
 import typer
 
 from ._version import __version__
+from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors, resolve_specs
 
 __all__ = ["register"]
-
-# option types shared with cli.py (annotations must resolve in each module's globals, so cli.py imports them)
-SpecArgs = Annotated[list[str] | None, typer.Argument(help="YAML spec files or registered spec names")]
-AllOption = Annotated[bool, typer.Option("--all", help="every registered spec")]
-SpecDirOption = Annotated[
-    list[Path] | None,
-    typer.Option("--spec-dir", help="directory of user specs to register (repeatable; also MLAGEN_SPEC_PATH)"),
-]
-#: seeds feed torch.Generator.manual_seed after an offset per case, so they stay well inside 64 bits
-SeedOption = Annotated[int, typer.Option(min=0, max=2**32 - 1, help="seed of the random inputs (0..2**32-1)")]
 
 
 def _gpu_visible() -> tuple[bool, str]:
@@ -109,52 +101,48 @@ def _triton_line(version: str | None) -> str:
     return f"{version or 'not installed'}  ({verdict} the supported range {TRITON_REQUIREMENT}; CI tests {tested})"
 
 
-def register(
-    app: typer.Typer, one_line_errors: Callable, usage_error: type[Exception], resolve_specs: Callable
+def tune_command(
+    specs: SpecArgs = None,
+    all_bundled: AllOption = False,
+    spec_dir: SpecDirOption = None,
+    cases: Annotated[
+        str,
+        typer.Option(
+            "--cases",
+            help="case set (quick, standard, full) or comma-separated cases: decode "
+            "(b16-s16k, b64-s4k, b128-s4k, b128-s8k, b32-s32k; latency regime b1-s8k, b4-s16k, b8-s8k) and "
+            "prefill (pf-b1-s4k-p28k, pf-b4-s8k-p8k)",
+        ),
+    ] = "standard",
+    db: Annotated[
+        Path | None,
+        typer.Option("--db", help="tuning database to merge the winners into (default: the user database)"),
+    ] = None,
+    jobs: Annotated[
+        int | None, typer.Option("--jobs", "-j", help="processes compiling in parallel first (0: none)")
+    ] = None,
+    warmup_ms: Annotated[int, typer.Option(help="do_bench warm-up per configuration and case (ms)")] = 25,
+    rep_ms: Annotated[int, typer.Option(help="do_bench measuring time per configuration and case (ms)")] = 100,
+    seed: SeedOption = 0,
 ) -> None:
-    """Add tune, env and cache to `app` (helpers passed in from cli.py to avoid an import cycle)."""
+    """Benchmark each spec's autotune spaces on this GPU and record the winners in a tuning database.
 
-    @app.command("tune")
-    @one_line_errors
-    def tune_command(
-        specs: SpecArgs = None,
-        all_bundled: AllOption = False,
-        spec_dir: SpecDirOption = None,
-        cases: Annotated[
-            str,
-            typer.Option(
-                "--cases",
-                help="case set (quick, standard, full) or comma-separated cases "
-                "(b16-s16k, b64-s4k, b128-s4k, b128-s8k, b32-s32k)",
-            ),
-        ] = "standard",
-        db: Annotated[
-            Path | None,
-            typer.Option("--db", help="tuning database to merge the winners into (default: the user database)"),
-        ] = None,
-        jobs: Annotated[
-            int | None, typer.Option("--jobs", "-j", help="processes compiling in parallel first (0: none)")
-        ] = None,
-        warmup_ms: Annotated[int, typer.Option(help="do_bench warm-up per configuration and case (ms)")] = 25,
-        rep_ms: Annotated[int, typer.Option(help="do_bench measuring time per configuration and case (ms)")] = 100,
-        seed: SeedOption = 0,
-    ) -> None:
-        """Benchmark each spec's autotune space on this GPU and record the winners in a tuning database.
+    Decode row-block buckets (serving batches and the latency regime) and prefill (causal, prefix): each
+    configuration is checked against the reference, then timed; the fastest wins, the default unless one
+    beats it by over 1%. A kernel that several specs share is tuned once.
+    """
+    from .tuner import default_jobs, parse_cases, tune_specs
+    from .tuning import user_db_path
 
-        Each configuration of each reachable decode bucket is checked against the reference, then timed
-        (triton.testing.do_bench median); the fastest wins, the default unless one beats it by over 1%.
-        """
-        from .tuner import default_jobs, parse_cases
-        from .tuning import user_db_path
+    chosen = resolve_specs(specs or [], all_bundled, spec_dir)
+    case_list = parse_cases(cases)
+    on_gpu, gpu_text = _gpu_visible()
+    if not on_gpu:
+        raise UsageError(f"mlagen tune needs a CUDA GPU: {gpu_text}")
+    import torch
 
-        chosen = resolve_specs(specs or [], all_bundled, spec_dir)
-        case_list = parse_cases(cases)
-        on_gpu, gpu_text = _gpu_visible()
-        if not on_gpu:
-            raise usage_error(f"mlagen tune needs a CUDA GPU: {gpu_text}")
-        import torch
-
-        ok = run_tune(
+    with _Progress() as progress:
+        report = tune_specs(
             chosen,
             case_list,
             db_path=db if db is not None else user_db_path(),
@@ -163,198 +151,165 @@ def register(
             rep_ms=rep_ms,
             seed=seed,
             device=torch.device("cuda", torch.cuda.current_device()),
+            phase=progress.phase,
+            log=lambda line: typer.echo(line, err=True),
         )
-        if not ok:
-            raise typer.Exit(1)
+    print_tune_report(report)
+    if not report.ok:
+        raise typer.Exit(1)
 
-    @app.command("env")
-    @one_line_errors
-    def env_command(spec_dir: SpecDirOption = None) -> None:
-        """Versions, GPU, cache directory, tuning databases and spec directories in use."""
-        import torch
 
-        from .cache import cache_dir, directory_size, list_entries
-        from .registry import registered_specs, spec_dirs
-        from .triton_support import triton_version
-        from .tuning import read_db, shipped_db_paths, user_db_path
+def print_tune_report(report: Any) -> None:
+    """The summary table, then what needs attention (on stderr)."""
+    for line in report.shared:
+        typer.echo(f"tuned once: {line}", err=True)
+    if report.warm_failures:
+        typer.echo(f"{len(report.warm_failures)} kernel(s) failed in the parallel compile (tried again):", err=True)
+        for line in report.warm_failures[:10]:
+            typer.echo(f"  {line}", err=True)
+    _print_summary(report.results)
+    typer.echo(f"wrote {len(report.entries)} entries to {report.db_path} in {report.seconds:.0f} s")
+    for line in report.wrong:
+        typer.echo(f"WRONG RESULTS: {line}", err=True)
+    for line in report.not_picked:
+        typer.echo(f"NOT PICKED UP: {line}", err=True)
+    for line in report.unsolved:
+        typer.echo(f"NO WORKING CONFIGURATION: {line}", err=True)
 
-        _, gpu_text = _gpu_visible()
-        root = cache_dir()
-        entries = list_entries(root)
-        size = sum(directory_size(e.directory) for e in entries)
-        rows = [
-            ("mlagen", __version__),
-            ("python", f"{platform.python_version()} ({sys.executable})"),
-            ("torch", torch.__version__),
-            ("triton", _triton_line(triton_version())),
-            ("gpu", gpu_text),
-            ("cache", f"{root}  ({len(entries)} module(s), {size / 1024:.0f} KiB; MLAGEN_CACHE_DIR)"),
-        ]
-        for path in shipped_db_paths():
-            rows.append(("tuning (shipped)", f"{path}  ({len(read_db(path))} entries)"))
-        user = user_db_path()
-        state = f"{len(read_db(user))} entries" if user.exists() else "not created yet"
-        rows.append(("tuning (user)", f"{user}  ({state}; MLAGEN_TUNING_DB; `mlagen tune` writes here)"))
-        extra = list(spec_dir or [])
-        for directory in spec_dirs(extra):
-            rows.append(("spec dir", f"{directory}{'' if directory.is_dir() else '  (missing)'}"))
-        rows.append(("specs", f"{len(registered_specs(extra))} registered (mlagen list)"))
-        width = max(len(k) for k, _ in rows)
-        for key, value in rows:
-            typer.echo(f"{key:<{width}}  {value}")
 
+def migrate_command(
+    path: Annotated[Path, typer.Argument(help="a schema-1 tuning database (entries keyed by spec hash)")],
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="where to write (default: in place)")] = None,
+    gpu_arch: Annotated[
+        list[str] | None,
+        typer.Option("--gpu-arch", help="NAME=ARCH for a GPU the built-in table does not know (repeatable)"),
+    ] = None,
+    spec_dir: SpecDirOption = None,
+) -> None:
+    """Convert a schema-1 tuning database to schema 2 (keys derived from the specs its entries name).
+
+    Nothing is re-measured: entries that land on one key (specs sharing a kernel) pool their measurements.
+    """
+    from .cli_common import check_spec_dirs
+    from .registry import resolve_spec
+    from .tuning import migrate_db
+
+    archs = {}
+    for item in gpu_arch or []:
+        name, sep, arch = item.rpartition("=")
+        if not sep or not name or not arch:
+            raise UsageError(f"--gpu-arch {item!r}: expected NAME=ARCH, e.g. 'NVIDIA H100 PCIe=sm90'")
+        archs[name] = arch
+    extra = check_spec_dirs(spec_dir)
+    entries = migrate_db(path, out, resolve=lambda name: resolve_spec(name, extra), gpu_archs=archs)
+    typer.echo(f"wrote {len(entries)} schema-2 entries to {out if out is not None else path}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add tune, tuning, env and cache to `app`."""
+    app.command("tune")(one_line_errors(tune_command))
+    tuning_app = typer.Typer(help="The tuning database (mlagen tune writes it).", no_args_is_help=True)
+    app.add_typer(tuning_app, name="tuning")
+    tuning_app.command("migrate")(one_line_errors(migrate_command))
+    app.command("env")(one_line_errors(env_command))
     cache_app = typer.Typer(help="The compile cache of generated modules (mlagen_compiler.load).", no_args_is_help=True)
     app.add_typer(cache_app, name="cache")
-
-    @cache_app.command("info")
-    @one_line_errors
-    def cache_info_command() -> None:
-        """Where the cache is and what it holds (one line per cached module)."""
-        from .cache import cache_dir, directory_size, entry_is_intact, list_entries
-
-        root = cache_dir()
-        entries = list_entries(root)
-        total = sum(directory_size(e.directory) for e in entries)
-        typer.echo(f"cache: {root}")
-        typer.echo(f"{len(entries)} module(s), {total / 1024:.0f} KiB")
-        if entries:
-            typer.echo(f"{'spec':<22} {'key':<14} {'mlagen':<8} {'triton':<8} {'created':<21} state")
-        for e in entries:
-            m = e.manifest
-            state = "ok" if entry_is_intact(e) else "damaged (rebuilt on next load)"
-            typer.echo(
-                f"{m.get('spec_name', e.directory.name):<22} {e.key[:12]:<14} {m.get('mlagen', '?'):<8} "
-                f"{m.get('triton', '?'):<8} {m.get('created', '?'):<21} {state}"
-            )
-
-    @cache_app.command("clear")
-    @one_line_errors
-    def cache_clear_command() -> None:
-        """Remove every cached module (the tuning database is kept)."""
-        from .cache import cache_dir, clear_cache
-
-        root = cache_dir()
-        removed = clear_cache(root)
-        typer.echo(f"removed {removed} cached module(s) from {root}")
+    cache_app.command("info")(one_line_errors(cache_info_command))
+    cache_app.command("clear")(one_line_errors(cache_clear_command))
 
 
-def run_tune(
-    chosen: list,
-    case_list: list,
-    *,
-    db_path: Path,
-    jobs: int,
-    warmup_ms: int,
-    rep_ms: int,
-    seed: int,
-    device: Any,
-) -> bool:
-    """`mlagen tune` after argument checking: compile, warm up, time, write the database, check that the
-    database reaches the generated modules, print the summary. False when anything needs attention."""
-    from .compile import compile_spec, import_module_from_path
-    from .tuner import WarmUpTask, decode_buckets, entries_from_results, tune_module, warm_up
-    from .tuning import tuned_for_spec, write_db
+def env_command(spec_dir: SpecDirOption = None) -> None:
+    """Versions, GPU, cache directory, tuning databases and spec directories in use."""
+    import torch
 
-    started = time.monotonic()
-    decode_specs = [s for s in chosen if "decode" in s.kernels]
-    for spec in chosen:
-        if "decode" not in spec.kernels:
-            typer.echo(f"{spec.name}: emits no decode kernel; nothing to tune yet", err=True)
-    with tempfile.TemporaryDirectory(prefix="mlagen-tune-") as tmp:
-        modules = [(s, compile_spec(s, Path(tmp) / s.module_name)) for s in decode_specs]
-        loaded = [(s, path, import_module_from_path(path)) for s, path in modules]
-        plans = [(s, path, m, decode_buckets(m, device)) for s, path, m in loaded]
-        tasks = sorted(
-            {
-                WarmUpTask(str(path), case.batch, b.seqlen_q, cfg, str(device))
-                for _, path, _, buckets in plans
-                for b in buckets
-                for case in case_list
-                for cfg in b.configs
-            },
-            key=lambda t: (t.module_path, t.seqlen_q, t.batch, t.config),
-        )
-        runs = sum(len(b.configs) * len(case_list) for *_, buckets in plans for b in buckets)
-        gpu = plans[0][2]._gpu_name(device) if plans else str(device)
-        typer.echo(
-            f"tuning {len(plans)} spec(s) on {gpu}: {sum(len(b) for *_, b in plans)} bucket(s), {runs} timed "
-            f"runs over cases {', '.join(c.name for c in case_list)}; {len(tasks)} kernels to compile on "
-            f"{jobs} process(es)",
-            err=True,
-        )
-        results = []
-        with _Progress() as progress:
-            warm_failures = warm_up(tasks, jobs, progress.phase("compiling", len(tasks))) if jobs > 0 else {}
-            typer.echo(f"compiled in {time.monotonic() - started:.0f} s", err=True)
-            advance = progress.phase("timing", runs)
-            for _, _, module, buckets in plans:
-                results += tune_module(
-                    module,
-                    case_list,
-                    device=device,
-                    seed=seed,
-                    warmup_ms=warmup_ms,
-                    rep_ms=rep_ms,
-                    buckets=buckets,
-                    advance=advance,
-                )
-        if warm_failures:
-            typer.echo(f"{len(warm_failures)} kernel(s) failed in the parallel compile (tried again):", err=True)
-            for task, error in list(warm_failures.items())[:10]:
-                typer.echo(f"  {Path(task.module_path).stem} B={task.batch} {task.config}: {error}", err=True)
-        entries = entries_from_results(results)
-        write_db(db_path, entries)
+    from .cache import cache_dir, directory_size, list_entries
+    from .registry import registered_specs, spec_dirs
+    from .triton_support import triton_version
+    from .tuning import read_db, shipped_db_paths, user_db_path
 
-        # the database must reach the generated module: compile from it and ask the module what it picks
-        mismatched = []
-        for spec, _, _, _ in plans:
-            check_dir = Path(tmp) / "check" / spec.module_name
-            module = import_module_from_path(compile_spec(spec, check_dir, tuned_for_spec(spec, [db_path])))
-            for r in (r for r in results if r.spec_name == spec.name and r.chosen is not None):
-                if getattr(device, "type", "cuda") == "cuda":
-                    picked = module.get_decode_schedule(case_list[0].batch, r.seqlen_q, device).config
-                else:  # interpreter (tests): the schedule never uses tuned configurations there
-                    picked = module.DECODE_TUNED.get((r.gpu, r.bucket))
-                if tuple(picked or ()) != tuple(r.chosen):
-                    mismatched.append(f"{spec.name} {r.bucket}: module picks {picked}, tuned {r.chosen}")
-
-    _print_summary(results)
-    typer.echo(f"wrote {len(entries)} entries to {db_path} in {time.monotonic() - started:.0f} s")
-    problems = [
-        f"{r.spec_name} {r.bucket} {x.config}: {x.detail}" for r in results for x in r.results if x.status == "wrong"
+    _, gpu_text = _gpu_visible()
+    root = cache_dir()
+    entries = list_entries(root)
+    size = sum(directory_size(e.directory) for e in entries)
+    rows = [
+        ("mlagen", __version__),
+        ("python", f"{platform.python_version()} ({sys.executable})"),
+        ("torch", torch.__version__),
+        ("triton", _triton_line(triton_version())),
+        ("gpu", gpu_text),
+        ("cache", f"{root}  ({len(entries)} module(s), {size / 1024:.0f} KiB; MLAGEN_CACHE_DIR)"),
     ]
-    for line in problems:
-        typer.echo(f"WRONG RESULTS: {line}", err=True)
-    for line in mismatched:
-        typer.echo(f"NOT PICKED UP: {line}", err=True)
-    for r in results:
-        if r.chosen is None:
-            typer.echo(f"NO WORKING CONFIGURATION: {r.spec_name} {r.bucket}", err=True)
-    return not (problems or mismatched or any(r.chosen is None for r in results))
+    for path in shipped_db_paths():
+        rows.append(("tuning (shipped)", f"{path}  ({len(read_db(path))} entries)"))
+    user = user_db_path()
+    state = f"{len(read_db(user))} entries" if user.exists() else "not created yet"
+    rows.append(("tuning (user)", f"{user}  ({state}; MLAGEN_TUNING_DB; `mlagen tune` writes here)"))
+    extra = list(spec_dir or [])
+    for directory in spec_dirs(extra):
+        rows.append(("spec dir", f"{directory}{'' if directory.is_dir() else '  (missing)'}"))
+    rows.append(("specs", f"{len(registered_specs(extra))} registered (mlagen list)"))
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        typer.echo(f"{key:<{width}}  {value}")
+
+
+def cache_info_command() -> None:
+    """Where the cache is and what it holds (one line per cached module)."""
+    from .cache import cache_dir, directory_size, entry_is_intact, list_entries
+
+    root = cache_dir()
+    entries = list_entries(root)
+    total = sum(directory_size(e.directory) for e in entries)
+    typer.echo(f"cache: {root}")
+    typer.echo(f"{len(entries)} module(s), {total / 1024:.0f} KiB")
+    if entries:
+        typer.echo(f"{'spec':<22} {'key':<14} {'mlagen':<8} {'triton':<8} {'created':<21} state")
+    for e in entries:
+        m = e.manifest
+        state = "ok" if entry_is_intact(e) else "damaged (rebuilt on next load)"
+        typer.echo(
+            f"{m.get('spec_name', e.directory.name):<22} {e.key[:12]:<14} {m.get('mlagen', '?'):<8} "
+            f"{m.get('triton', '?'):<8} {m.get('created', '?'):<21} {state}"
+        )
+
+
+def cache_clear_command() -> None:
+    """Remove every cached module (the tuning database is kept)."""
+    from .cache import cache_dir, clear_cache
+
+    root = cache_dir()
+    removed = clear_cache(root)
+    typer.echo(f"removed {removed} cached module(s) from {root}")
 
 
 def _print_summary(results: list) -> None:
     header = (
-        f"{'spec':<18} {'bucket':<6} {'Sq':>2} {'default':<11} {'def µs':>9} {'tuned':<11} {'tuned µs':>9} "
-        f"{'speedup':>7} {'ok/wrong/failed':>15}"
+        f"{'spec':<18} {'kernel':<7} {'bucket':<9} {'Sq':>2} {'default':<15} {'def µs':>9} {'tuned':<15} "
+        f"{'tuned µs':>9} {'speedup':>7} {'ok/wrong/failed':>15}"
     )
     typer.echo(header)
     typer.echo("-" * len(header))
     for r in results:
         default = r.result_of(r.default)
-        chosen = r.result_of(r.chosen) if r.chosen is not None else None
+        chosen = r.result_of(r.chosen)
         d_us = default.score_us if default is not None else None
         c_us = chosen.score_us if chosen is not None else None
         counts = [sum(x.status == s for x in r.results) for s in ("ok", "wrong", "failed")]
-
-        def fmt(cfg: Any) -> str:
-            return "-" if cfg is None else f"n{cfg[0]}w{cfg[1]}s{cfg[2]}"
-
-        def us(v: float | None) -> str:
-            return "-" if v is None else f"{v:.1f}"
-
         speed = f"{d_us / c_us:.3f}x" if d_us and c_us else "-"
         typer.echo(
-            f"{r.spec_name:<18} {r.bucket:<6} {r.seqlen_q:>2} {fmt(r.default):<11} {us(d_us):>9} "
-            f"{fmt(r.chosen):<11} {us(c_us):>9} {speed:>7} {'/'.join(map(str, counts)):>15}"
+            f"{r.spec_name:<18} {r.kernel:<7} {r.bucket:<9} {r.seqlen_q or '-':>2} "
+            f"{_config_text(r.kernel, r.default):<15} {_us_text(d_us):>9} {_config_text(r.kernel, r.chosen):<15} "
+            f"{_us_text(c_us):>9} {speed:>7} {'/'.join(map(str, counts)):>15}"
         )
+
+
+def _config_text(kernel: str, config: Any) -> str:
+    """decode (block_n, warps, stages) -> n32w4s3; prefill (block_m, block_n, warps, stages) -> m128n64w8s3."""
+    if config is None:
+        return "-"
+    names = "nws" if kernel == "decode" else "mnws"
+    return "".join(f"{k}{v}" for k, v in zip(names, config, strict=True))
+
+
+def _us_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from .render import bundled_spec_dir
+from .paths import bundled_spec_dir
 from .spec import MLASpec, SpecError, load_spec
 
 __all__ = ["registered_specs", "resolve_kernel", "resolve_spec", "spec_dirs"]

@@ -10,35 +10,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import pprint
-from pathlib import Path
 from typing import Any
 
 import jinja2
 
 from ._version import __version__
+from .paths import template_dir
 from .plan import KernelPlan, TileConfig
 from .triton_support import TRITON_BELOW, TRITON_MIN, unsupported_message
 
-__all__ = ["render_module", "template_dir", "templates_digest"]
+__all__ = ["render_module", "templates_digest"]
 
 #: SM count assumed under the interpreter, so CPU runs still split the cache into several runs
 INTERPRETER_SM_COUNT = 2
-
-
-def _data_dir(name: str) -> Path:
-    """`templates/` and `specs/` live at the repository root and inside the wheel (mlagen_compiler/_data)."""
-    packaged = Path(__file__).parent / "_data" / name
-    if packaged.is_dir():
-        return packaged
-    return Path(__file__).resolve().parent.parent / name
-
-
-def template_dir() -> Path:
-    return _data_dir("templates")
-
-
-def bundled_spec_dir() -> Path:
-    return _data_dir("specs")
 
 
 @functools.lru_cache(maxsize=1)
@@ -103,7 +87,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
             decode_min_blocks=_literal(dict(plan.decode.min_blocks_per_part)),
             decode_small_defaults=_literal({m: _config_tuple(c) for m, c in plan.decode.small_batch_defaults}),
             decode_combine_tiles=_literal(dict(plan.decode.combine_block_runs)),
-            decode_tuned=_literal({tuple(k.split("|", 1)): tuple(v) for k, v in decode_tuned.items()}),
+            decode_tuned=_literal({tuple(k.split("|")): tuple(v) for k, v in decode_tuned.items()}),
         )
     if plan.prefill is not None:
         prefill_tuned = (tuned or {}).get("prefill", {})
@@ -111,7 +95,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
             prefill_space=_literal([c.as_tuple() for c in plan.prefill.space]),
             prefill_default=_literal(plan.prefill.default.as_tuple()),
             prefill_interpreter=_literal(plan.prefill.interpreter.as_tuple()),
-            prefill_tuned=_literal({tuple(k.split("|", 1)): tuple(v) for k, v in prefill_tuned.items()}),
+            prefill_tuned=_literal({tuple(k.split("|")): tuple(v) for k, v in prefill_tuned.items()}),
         )
     return context
 
@@ -119,8 +103,8 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
 def render_module(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> str:
     """Source of the generated module for `plan`.
 
-    tuned: optional {"decode": {"<gpu name>|<bucket>": [block_n, num_warps, num_stages]}} rendered in as
-    the module's recorded configurations (and "prefill": {"<gpu name>|<causal or prefix>": [block_m, block_n,
-    num_warps, num_stages]}).
+    tuned: optional {"decode": {"<arch>|<gpu name>|<bucket>": [block_n, num_warps, num_stages]}} rendered in
+    as the module's recorded configurations (and "prefill": {"<arch>|<gpu name>|<causal or prefix>":
+    [block_m, block_n, num_warps, num_stages]}); see `tuning.tuned_for_spec`.
     """
     return _environment().get_template("module.py.jinja").render(**render_context(plan, tuned))

@@ -1,20 +1,30 @@
 """The autotuner behind `mlagen tune` (GPU only): benchmark each kernel's autotune space, keep the winners.
 
-For every spec and every decode bucket the spec can reach (block_m for Sq = 1, 2, 4 tokens per sequence),
-it builds realistic inputs for each tuning case (varlen sequence lengths around a mean, a shuffled page
-table, random data; never zeros), runs every configuration of `DECODE_SPACE[block_m]` once and checks it
-against the PyTorch reference before timing it with `triton.testing.do_bench` (median). A configuration
-that fails to compile or launch (e.g. out of shared memory) is skipped and reported; one that gives
-wrong results is reported and never chosen. The score over several cases is the geometric mean of their
-median times. The untuned default is kept unless a configuration beats it by more than `MARGIN`, so a
-recorded configuration is never slower than the default on the cases it was tuned on (up to noise).
+Buckets tuned, per spec:
+- decode: every row-block bucket its batches reach with Sq = 1, 2, 4 query tokens per sequence, `m<block_m>`
+  for serving-size batches and `m<block_m>-small` for the latency regime (at most DECODE_SMALL_BATCH
+  sequences); each bucket is timed on the cases that reach it (with the smallest Sq that does), inputs
+  realistic (varlen lengths around a mean, a shuffled page table, random data; never zeros), every
+  configuration checked against the PyTorch reference on them first. Latency-regime buckets are timed
+  by CUDA-graph replay, as serving engines run small batches (eager timing would measure the host).
+- prefill: `causal` (`mla_prefill` over the case's new tokens) and `prefix` (the non-causal launch of
+  chunked prefill: the new tokens against a prefix of the case's length, already in MHA form); each
+  configuration is first checked against the float64 reference on `verify.prefill_cases` (tile-edge
+  lengths, chunked prefill included), then timed.
+
+A key (kernel, geometry, bucket) is tuned once per run even when several specs reach it (e.g. deepseek-v2
+and deepseek-v3-tp1): the first spec measures it, and the entry records what it was measured with. A
+configuration that fails to compile or launch (e.g. out of shared memory) is skipped and reported; one
+that gives wrong results is reported and never chosen. The score over several cases is the geometric
+mean of their median times. The untuned default is kept unless a configuration beats it by more than
+`MARGIN`, so a recorded configuration is never slower than the default on the cases it was tuned on.
 
 Compiling is most of the cost, so `warm_up` first compiles every (configuration, shape) in parallel
-worker processes, each launching the kernel once on tiny inputs of the same shapes (filling Triton's
+worker processes, each running the timed call once on tiny inputs of the same shapes (filling Triton's
 on-disk cache); the timing then runs serially in this process on an otherwise idle GPU.
 
-Everything here is importable (benchmarks call `time_config` / `tune_module`); the CLI adds the progress
-bar, the database write and the summary table.
+`tune_specs` is the whole of `mlagen tune` after argument checking (the CLI adds the progress bar and
+prints the report); `tune_module`, `time_config` and `make_inputs` are importable on their own.
 """
 
 from __future__ import annotations
@@ -23,29 +33,35 @@ import dataclasses
 import datetime
 import math
 import os
+import tempfile
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from .tuning import MARGIN, kernel_geometry, tuned_for_spec, write_db
+
 __all__ = [
     "CASES",
     "CASE_SETS",
     "MARGIN",
+    "Bucket",
     "BucketResult",
     "ConfigResult",
     "TuneCase",
+    "TuneReport",
     "decode_buckets",
     "entries_from_results",
     "make_inputs",
     "parse_cases",
+    "prefill_buckets",
     "time_config",
     "tune_module",
+    "tune_specs",
     "warm_up",
 ]
 
-#: a configuration replaces the default only if it is faster by more than this fraction
-MARGIN = 0.01
 #: the query-token counts whose row blocks are tuned (plain decode, MTP / speculative decoding)
 SEQLEN_QS = (1, 2, 4)
 #: block_table width and page count are rounded up to this, so tiny warm-up inputs get the same Triton
@@ -55,12 +71,18 @@ _TABLE_ALIGN = 16
 
 @dataclasses.dataclass(frozen=True)
 class TuneCase:
-    """A batch shape to tune on: `batch` sequences, lengths uniform in [mean/2, 3*mean/2)."""
+    """A batch to tune on: `batch` sequences, lengths uniform in [mean/2, 3*mean/2) (or all `mean_seqlen`).
+
+    kernel "decode": cache lengths. kernel "prefill": new tokens per sequence, each also over a cached
+    prefix of `prefix_len` tokens for the prefix bucket.
+    """
 
     name: str
     batch: int
     mean_seqlen: int
     varlen: bool = True
+    kernel: str = "decode"
+    prefix_len: int = 0
 
     def seqlens(self, generator) -> list[int]:
         import torch
@@ -79,12 +101,19 @@ CASES: dict[str, TuneCase] = {
         TuneCase("b128-s4k", 128, 4096),
         TuneCase("b128-s8k", 128, 8192),  # a full serving batch
         TuneCase("b32-s32k", 32, 32768),
+        # the latency regime (at most 8 sequences): the m<block_m>-small buckets
+        TuneCase("b1-s8k", 1, 8192, varlen=False),
+        TuneCase("b4-s16k", 4, 16384),
+        TuneCase("b8-s8k", 8, 8192),
+        # prefill: new tokens per sequence, over a cached prefix for the prefix bucket
+        TuneCase("pf-b1-s4k-p28k", 1, 4096, varlen=False, kernel="prefill", prefix_len=28672),
+        TuneCase("pf-b4-s8k-p8k", 4, 8192, varlen=False, kernel="prefill", prefix_len=8192),
     )
 }
 CASE_SETS: dict[str, tuple[str, ...]] = {
-    "quick": ("b64-s4k",),
-    "standard": ("b16-s16k", "b128-s8k"),
-    "full": ("b16-s16k", "b64-s4k", "b128-s8k", "b32-s32k"),
+    "quick": ("b64-s4k", "b1-s8k", "pf-b1-s4k-p28k"),
+    "standard": ("b16-s16k", "b128-s8k", "b1-s8k", "b4-s16k", "pf-b1-s4k-p28k", "pf-b4-s8k-p8k"),
+    "full": tuple(n for n in CASES if n != "b128-s4k"),
 }
 
 
@@ -107,75 +136,214 @@ def parse_cases(text: str) -> list[TuneCase]:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeBucket:
+class Bucket:
+    """One bucket of one kernel to tune: its configurations, its default and the cases that reach it."""
+
+    kernel: str
     bucket: str
-    block_m: int
-    seqlen_q: int
     configs: tuple[tuple[int, ...], ...]
     default: tuple[int, ...]
+    cases: tuple[TuneCase, ...]
+    seqlen_q: int | None = None  # decode: query tokens per sequence that reach the bucket
+    block_m: int | None = None  # decode: rows per program
 
 
-def decode_buckets(module: ModuleType, device) -> list[DecodeBucket]:
-    """The decode buckets a spec reaches (for Sq in SEQLEN_QS), each with the smallest Sq that reaches it."""
-    found: dict[str, DecodeBucket] = {}
+def decode_buckets(module: ModuleType, cases: Sequence[TuneCase], device) -> list[Bucket]:
+    """The decode buckets the decode `cases` reach for Sq in SEQLEN_QS, each with the smallest Sq that
+    reaches it and the cases that do so with that Sq."""
+    found: dict[str, Bucket] = {}
     for seqlen_q in SEQLEN_QS:
-        # a serving-size batch: the latency regime (few sequences) has its own "-small" buckets
-        large_batch = max(128, getattr(module, "DECODE_SMALL_BATCH", 0) + 1)
-        block_m = module.get_decode_schedule(large_batch, seqlen_q, device, num_parts=1).block_m
-        bucket = module.decode_bucket(block_m)
-        if bucket not in found:
-            configs = tuple(tuple(c) for c in module.DECODE_SPACE[block_m])
-            found[bucket] = DecodeBucket(bucket, block_m, seqlen_q, configs, tuple(module.DECODE_DEFAULTS[block_m]))
+        reached: dict[tuple[str, int, bool], list[TuneCase]] = {}
+        for case in (c for c in cases if c.kernel == "decode"):
+            block_m = module.get_decode_schedule(case.batch, seqlen_q, device, num_parts=1).block_m
+            small = case.batch <= module.DECODE_SMALL_BATCH  # the condition get_decode_schedule applies
+            reached.setdefault((module.decode_bucket(block_m, small), block_m, small), []).append(case)
+        for (bucket, block_m, small), bucket_cases in reached.items():
+            if bucket not in found:
+                default = (module.DECODE_SMALL_DEFAULTS if small else module.DECODE_DEFAULTS)[block_m]
+                configs = tuple(tuple(c) for c in module.DECODE_SPACE[block_m])
+                found[bucket] = Bucket(
+                    "decode", bucket, configs, tuple(default), tuple(bucket_cases), seqlen_q, block_m
+                )
     return list(found.values())
 
 
-def make_inputs(module: ModuleType, seqlens: Sequence[int], seqlen_q: int, generator, device) -> dict[str, Any]:
-    """Random q and paged latent cache for `seqlens`: pages shuffled over a pool with spare pages, data
-    N(0, 1) in the spec's dtype (never zeros), block_table width rounded up to a multiple of 16."""
+def prefill_buckets(module: ModuleType, cases: Sequence[TuneCase]) -> list[Bucket]:
+    """`causal` on every prefill case, `prefix` on those with a prefix (none when the module has no prefill)."""
+    if not hasattr(module, "mla_prefill"):
+        return []
+    configs = tuple(tuple(c) for c in module.PREFILL_SPACE)
+    default = tuple(module.PREFILL_DEFAULT)
+    prefill_cases = [c for c in cases if c.kernel == "prefill"]
+    out = []
+    for bucket, bucket_cases in (
+        ("causal", prefill_cases),
+        ("prefix", [c for c in prefill_cases if c.prefix_len > 0]),
+    ):
+        if bucket_cases:
+            out.append(Bucket("prefill", bucket, configs, default, tuple(bucket_cases)))
+    return out
+
+
+# ---- inputs ------------------------------------------------------------------------------------------------
+def _device_generator(generator, device):
+    """A generator on `device` seeded from `generator`: the bulk of the data is drawn where it lives."""
     import torch
 
-    page_size = module.PAGE_SIZE
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator))
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def make_inputs(module: ModuleType, seqlens: Sequence[int], seqlen_q: int, generator, device) -> dict[str, Any]:
+    """Random q and paged latent cache for `seqlens` (`verify.paged_block_table`: shuffled pages, spare pages,
+    stale entries in unused slots, width and pool rounded up to multiples of 16), data N(0, 1) in the
+    spec's dtype (never zeros), drawn on the device (a serving batch's cache is gigabytes)."""
+    import torch
+
+    from .verify import paged_block_table
+
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
-    batch = len(seqlens)
-    pages_per_seq = [max(1, -(-int(s) // page_size)) for s in seqlens]
-    table_width = -(-max(pages_per_seq) // _TABLE_ALIGN) * _TABLE_ALIGN
-    num_pages = sum(pages_per_seq) + max(8, sum(pages_per_seq) // 16)
-    num_pages = -(-num_pages // _TABLE_ALIGN) * _TABLE_ALIGN  # same divisibility in warm-up and timing
-    perm = torch.randperm(num_pages, generator=generator).to(torch.int32)
-    block_table = torch.zeros((batch, table_width), dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(pages_per_seq):
-        block_table[b, :n] = perm[used : used + n]
-        used += n
-    # unused table slots point at real (random) pages, as a serving engine's stale entries would
-    tail = torch.randint(0, num_pages, (batch, table_width), generator=generator, dtype=torch.int32)
-    mask = torch.arange(table_width)[None, :] >= torch.tensor(pages_per_seq)[:, None]
-    block_table = torch.where(mask, tail, block_table)
-    # the bulk is drawn on the device (a serving batch's cache is gigabytes), seeded from `generator`
+    spare = max(8, sum(-(-int(s) // module.PAGE_SIZE) for s in seqlens) // 16)
+    block_table, num_pages = paged_block_table(
+        seqlens, module.PAGE_SIZE, generator, spare_pages=spare, align=_TABLE_ALIGN
+    )
     device = torch.device(device)
-    data_gen = torch.Generator(device=device).manual_seed(int(torch.randint(0, 2**62, (1,), generator=generator)))
-    kv = torch.randn(num_pages, page_size, 1, width, generator=data_gen, device=device, dtype=module.DTYPE)
-    q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, generator=data_gen, device=device, dtype=module.DTYPE)
+    data_gen = _device_generator(generator, device)
+    shape_q = (len(seqlens), seqlen_q, module.NUM_HEADS, width)
     return {
-        "q": q,
-        "kv_cache": kv,
+        "q": torch.randn(shape_q, generator=data_gen, device=device, dtype=module.DTYPE),
+        "kv_cache": torch.randn(
+            num_pages, module.PAGE_SIZE, 1, width, generator=data_gen, device=device, dtype=module.DTYPE
+        ),
         "block_table": block_table.to(device),
         "cache_seqlens": torch.tensor(list(seqlens), dtype=torch.int32, device=device),
     }
+
+
+def make_prefill_inputs(module: ModuleType, seqlens: Sequence[int], prefix_len: int, generator, device) -> dict:
+    """Random packed MHA-form inputs for `seqlens` new tokens per sequence, and (prefix_len > 0) a prefix of
+    prefix_len tokens per sequence already in MHA form, as chunked prefill attends to it."""
+    import torch
+
+    from .verify import cu_seqlens, random_mha
+
+    device = torch.device(device)
+    data_gen = _device_generator(generator, device)
+    q, k_nope, k_pe, v = random_mha(module, sum(int(s) for s in seqlens), data_gen, device)
+    inputs = {
+        "q": q,
+        "k_nope": k_nope,
+        "k_pe": k_pe,
+        "v": v,
+        "cu_seqlens": cu_seqlens(seqlens, device),
+        "max_seqlen": max(int(s) for s in seqlens),
+    }
+    if prefix_len > 0:
+        prefix = [prefix_len] * len(seqlens)
+        _, pre_k_nope, pre_k_pe, pre_v = random_mha(module, sum(prefix), data_gen, device)  # its q is not used
+        inputs["prefix"] = {"k_nope": pre_k_nope, "k_pe": pre_k_pe, "v": pre_v, "cu_prefix": cu_seqlens(prefix, device)}
+    return inputs
+
+
+def _bucket_inputs(module: ModuleType, bucket: Bucket, seqlens: Sequence[int], prefix_len: int, generator, device):
+    if bucket.kernel == "decode":
+        return make_inputs(module, seqlens, bucket.seqlen_q, generator, device)
+    return make_prefill_inputs(module, seqlens, prefix_len if bucket.bucket == "prefix" else 0, generator, device)
+
+
+# ---- one call, as timed ---------------------------------------------------------------------------------
+def _timed_call(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], config) -> Callable[[], Any]:
+    """The call that is timed for `config` (planning and output allocation done here, outside it)."""
+    import torch
+
+    config = tuple(config)
+    if bucket.kernel == "decode":
+        q = inputs["q"]
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=config)
+        out_shape = (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK)
+        out = torch.empty(out_shape, dtype=module.DTYPE, device=q.device)
+        lse = torch.empty((batch, module.NUM_HEADS, seqlen_q), dtype=torch.float32, device=q.device)
+        return lambda: module.mla_decode(**inputs, schedule=schedule, out=out, lse=lse, return_lse=True)
+    q = inputs["q"]
+    lse = torch.empty((module.NUM_HEADS, q.shape[0]), dtype=torch.float32, device=q.device)
+    out_shape = (q.shape[0], module.NUM_HEADS, module.V_HEAD_DIM)
+    if bucket.bucket == "causal":
+        new = {k: inputs[k] for k in ("q", "k_nope", "k_pe", "v", "cu_seqlens", "max_seqlen")}
+        out = torch.empty(out_shape, dtype=module.DTYPE, device=q.device)
+        return lambda: module.mla_prefill(**new, out=out, lse=lse, return_lse=True, config=config)
+    out = torch.empty(out_shape, dtype=torch.float32, device=q.device)  # fp32 partials, as chunked prefill
+    prefix = inputs["prefix"]
+    # the prefix launch of mla_chunked_prefill alone (the expansion GEMMs and the causal launch are
+    # not what this bucket's configuration decides)
+    return lambda: module._launch_prefill(
+        q, prefix["k_nope"], prefix["k_pe"], prefix["v"], inputs["cu_seqlens"], prefix["cu_prefix"],
+        inputs["max_seqlen"], out, lse, module.SOFTMAX_SCALE, False, config,
+    )  # fmt: skip
+
+
+def time_config(
+    module: ModuleType, bucket: Bucket, inputs: dict[str, Any], config, *, warmup_ms: int = 25, rep_ms: int = 100
+) -> float:
+    """Median time in µs of one call with `config`: `triton.testing.do_bench`, or CUDA-graph replay
+    (`do_bench_cudagraph`) for the latency-regime buckets, whose eager calls are bound by the host."""
+    import triton.testing
+
+    call = _timed_call(module, bucket, inputs, config)
+    if bucket.bucket.endswith("-small"):
+        call()  # compile outside the capture
+        ms = triton.testing.do_bench_cudagraph(call, rep=rep_ms, return_mode="median")
+    else:
+        ms = triton.testing.do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median")
+    return float(ms) * 1e3
+
+
+def _check_config(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], config, reference) -> str:
+    """'' when `config` gives the reference's results, else what is wrong.
+
+    decode: on the timed inputs, outputs poisoned so an element the kernel does not write fails.
+    prefill: on `verify.prefill_cases` (tile-edge lengths, prefill and chunked prefill).
+    """
+    import torch
+
+    from .verify import compare_with_lse, prefill_cases, run_prefill_case
+
+    if bucket.kernel == "prefill":
+        device = inputs["q"].device
+        for i, case in enumerate(prefill_cases(device.type == "cuda")):
+            generator = torch.Generator().manual_seed(i)
+            for result in run_prefill_case(module, case, generator, device, config=tuple(config)):
+                if not result.passed and result.kernel != "cache_write":
+                    return f"{result.kernel} {case.name}: {result.detail}"
+        return ""
+    q = inputs["q"]
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config))
+    nan = float("nan")
+    out = torch.full((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), nan, dtype=module.DTYPE, device=q.device)
+    lse = torch.full((batch, module.NUM_HEADS, seqlen_q), nan, dtype=torch.float32, device=q.device)
+    module.mla_decode(**inputs, schedule=schedule, out=out, lse=lse, return_lse=True)
+    return compare_with_lse(out, lse, *reference, module.SPEC["dtype"])[2]
+
+
+def _reference(module: ModuleType, bucket: Bucket, inputs: dict[str, Any]):
+    from .verify import decode_reference
+
+    return decode_reference(module, inputs) if bucket.kernel == "decode" else None
 
 
 # ---- parallel compilation ------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class WarmUpTask:
     module_path: str
+    bucket: Bucket
     batch: int
-    seqlen_q: int
     config: tuple[int, ...]
     device: str = "cuda"
 
 
 def _warm_up_one(task: WarmUpTask) -> tuple[WarmUpTask, str]:
-    """Compile (and launch once on tiny inputs of the same shapes) one configuration; '' or the error."""
+    """Compile (and run once on tiny inputs of the same shapes) one configuration; '' or the error."""
     try:
         import torch
 
@@ -184,14 +352,15 @@ def _warm_up_one(task: WarmUpTask) -> tuple[WarmUpTask, str]:
         module = import_module_from_path(task.module_path)
         device = torch.device(task.device)
         generator = torch.Generator().manual_seed(0)
-        inputs = make_inputs(module, [1] * task.batch, task.seqlen_q, generator, device)
-        schedule = module.get_decode_schedule(task.batch, task.seqlen_q, device, config=task.config)
-        module.mla_decode(**inputs, schedule=schedule)
+        # decode: one token per sequence; prefill: 16-token sequences and prefixes (same divisibility)
+        length = 1 if task.bucket.kernel == "decode" else 16
+        inputs = _bucket_inputs(module, task.bucket, [length] * task.batch, length, generator, device)
+        _timed_call(module, task.bucket, inputs, task.config)()
         if device.type == "cuda":
             torch.cuda.synchronize()
         return task, ""
     except Exception as error:  # noqa: BLE001 - reported, and the timing phase tries again
-        return task, f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+        return task, _error_line(error)
 
 
 def warm_up(tasks: Sequence[WarmUpTask], jobs: int, advance: Callable[[str], None] = lambda _: None) -> dict:
@@ -238,11 +407,12 @@ class ConfigResult:
 @dataclasses.dataclass
 class BucketResult:
     spec_name: str
-    spec_hash: str
+    num_heads: int
     kernel: str
+    geometry: str
     bucket: str
-    block_m: int
-    seqlen_q: int
+    seqlen_q: int | None
+    arch: str
     gpu: str
     triton: str
     cases: list[TuneCase]
@@ -250,7 +420,7 @@ class BucketResult:
     results: list[ConfigResult]
     chosen: tuple[int, ...] | None = None
 
-    def result_of(self, config: tuple[int, ...]) -> ConfigResult | None:
+    def result_of(self, config: tuple[int, ...] | None) -> ConfigResult | None:
         return next((r for r in self.results if r.config == config), None)
 
     def choose(self, margin: float = MARGIN) -> tuple[int, ...] | None:
@@ -266,56 +436,6 @@ class BucketResult:
         return self.chosen
 
 
-def time_config(module: ModuleType, inputs: dict[str, Any], config, *, warmup_ms: int = 25, rep_ms: int = 100) -> float:
-    """Median time in µs of one mla_decode call with `config` (schedule planned outside the timed call,
-    outputs preallocated)."""
-    import torch
-    import triton.testing
-
-    q = inputs["q"]
-    batch, seqlen_q = q.shape[0], q.shape[1]
-    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config))
-    out = torch.empty((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), dtype=module.DTYPE, device=q.device)
-    lse = torch.empty((batch, module.NUM_HEADS, seqlen_q), dtype=torch.float32, device=q.device)
-    ms = triton.testing.do_bench(
-        lambda: module.mla_decode(**inputs, schedule=schedule, out=out, lse=lse, return_lse=True),
-        warmup=warmup_ms,
-        rep=rep_ms,
-        return_mode="median",
-    )
-    return float(ms) * 1e3
-
-
-def _check_config(module: ModuleType, inputs: dict[str, Any], config, reference) -> str:
-    """'' when the configuration's output and lse match the reference, else what is wrong."""
-    import torch
-
-    from .verify import LSE_TOLERANCE, compare
-
-    q = inputs["q"]
-    batch, seqlen_q = q.shape[0], q.shape[1]
-    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config))
-    # poisoned outputs: an element the kernel does not write fails the check
-    nan = float("nan")
-    out = torch.full((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), nan, dtype=module.DTYPE, device=q.device)
-    lse = torch.full((batch, module.NUM_HEADS, seqlen_q), nan, dtype=torch.float32, device=q.device)
-    module.mla_decode(**inputs, schedule=schedule, out=out, lse=lse, return_lse=True)
-    _, _, message = compare(out, reference[0], module.SPEC["dtype"])
-    if message:
-        return message
-    try:
-        torch.testing.assert_close(lse.double(), reference[1], **LSE_TOLERANCE)
-    except AssertionError as error:
-        return "lse: " + str(error).splitlines()[0]
-    return ""
-
-
-def _reference(module: ModuleType, inputs: dict[str, Any]):
-    from .verify import decode_reference
-
-    return decode_reference(module, inputs)
-
-
 def _error_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0][:160] if text else ''}"
@@ -323,55 +443,61 @@ def _error_line(error: BaseException) -> str:
 
 def tune_module(
     module: ModuleType,
-    cases: Sequence[TuneCase],
+    buckets: Sequence[Bucket],
     *,
     device=None,
     seed: int = 0,
     warmup_ms: int = 25,
     rep_ms: int = 100,
-    buckets: Sequence[DecodeBucket] | None = None,
     advance: Callable[[str], None] = lambda _: None,
 ) -> list[BucketResult]:
-    """Benchmark every decode configuration of every reachable bucket on `cases`; choose the winners."""
+    """Check and time every configuration of every bucket on the bucket's cases; choose the winners."""
     import torch
 
+    from .spec import spec_from_dict
     from .triton_support import triton_version
 
     device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-    gpu = module._gpu_name(device) if hasattr(module, "_gpu_name") else torch.cuda.get_device_name(device)
-    name = module.SPEC["name"]
+    arch, gpu = module._gpu_key(device)
+    spec = spec_from_dict(module.SPEC)
     out: list[BucketResult] = []
-    for bucket in buckets if buckets is not None else decode_buckets(module, device):
+    for bucket in buckets:
         results = {cfg: ConfigResult(cfg, "ok") for cfg in bucket.configs}
-        for case_index, case in enumerate(cases):
+        for case_index, case in enumerate(bucket.cases):
             generator = torch.Generator().manual_seed(seed * 7919 + case_index)
-            inputs = make_inputs(module, case.seqlens(generator), bucket.seqlen_q, generator, device)
-            reference = _reference(module, inputs)
+            inputs = _bucket_inputs(module, bucket, case.seqlens(generator), case.prefix_len, generator, device)
+            reference = _reference(module, bucket, inputs)
             for cfg in bucket.configs:
                 result = results[cfg]
-                advance(f"{name} {bucket.bucket} {case.name} n{cfg[0]} w{cfg[1]} s{cfg[2]}")
+                advance(f"{spec.name} {bucket.kernel} {bucket.bucket} {case.name} {'/'.join(map(str, cfg))}")
                 if result.status != "ok":
                     continue
                 try:
-                    problem = _check_config(module, inputs, cfg, reference)
-                    if problem:
-                        result.status, result.detail = "wrong", f"{case.name}: {problem}"
-                        continue
-                    result.times_us[case.name] = time_config(module, inputs, cfg, warmup_ms=warmup_ms, rep_ms=rep_ms)
+                    # prefill is checked once on its own cases; decode on every case's inputs
+                    if bucket.kernel == "decode" or case_index == 0:
+                        problem = _check_config(module, bucket, inputs, cfg, reference)
+                        if problem:
+                            result.status, result.detail = "wrong", f"{case.name}: {problem}"
+                            continue
+                    result.times_us[case.name] = time_config(
+                        module, bucket, inputs, cfg, warmup_ms=warmup_ms, rep_ms=rep_ms
+                    )
                 except Exception as error:  # noqa: BLE001 - a config that does not compile/launch is skipped
                     result.status, result.detail = "failed", f"{case.name}: {_error_line(error)}"
             del inputs, reference
-            torch.cuda.empty_cache()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         bucket_result = BucketResult(
-            spec_name=name,
-            spec_hash=module.SPEC_HASH,
-            kernel="decode",
+            spec_name=spec.name,
+            num_heads=spec.num_heads,
+            kernel=bucket.kernel,
+            geometry=kernel_geometry(bucket.kernel, spec),
             bucket=bucket.bucket,
-            block_m=bucket.block_m,
             seqlen_q=bucket.seqlen_q,
+            arch=arch,
             gpu=gpu,
-            triton=triton_version(),
-            cases=list(cases),
+            triton=triton_version() or "",
+            cases=list(bucket.cases),
             default=bucket.default,
             results=list(results.values()),
         )
@@ -397,16 +523,16 @@ def entries_from_results(results: Sequence[BucketResult]) -> list[dict[str, Any]
         entries.append(
             {
                 "kernel": r.kernel,
-                "spec": r.spec_name,
-                "spec_hash": r.spec_hash,
+                "geometry": r.geometry,
+                "bucket": r.bucket,
+                "arch": r.arch,
                 "gpu": r.gpu,
                 "triton": r.triton,
-                "bucket": r.bucket,
                 "config": list(r.chosen),
                 "time_us": round(chosen.score_us, 2),
                 "default_config": list(r.default),
                 "default_time_us": round(default.score_us, 2) if default and default.score_us else None,
-                "seqlen_q": r.seqlen_q,
+                "measured_with": [{"spec": r.spec_name, "num_heads": r.num_heads, "seqlen_q": r.seqlen_q}],
                 "cases": [dataclasses.asdict(c) for c in r.cases],
                 "candidates": [[list(x.config), round(x.score_us, 2)] for x in ranked],
                 "skipped": [[list(x.config), x.status, x.detail] for x in r.results if x.status != "ok"],
@@ -420,3 +546,128 @@ def entries_from_results(results: Sequence[BucketResult]) -> list[dict[str, Any]
 
 def default_jobs() -> int:
     return max(1, min(12, (os.cpu_count() or 2) - 2))
+
+
+# ---- mlagen tune -------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class TuneReport:
+    """What `tune_specs` did; `ok` is False when anything needs attention."""
+
+    results: list[BucketResult]
+    entries: list[dict[str, Any]]
+    db_path: Path
+    seconds: float
+    #: "<spec> <kernel> <bucket>: same kernel as <spec>" for keys another spec of this run measured
+    shared: list[str]
+    #: configurations that failed in the parallel compile (tried again in-process)
+    warm_failures: list[str]
+    #: winners the generated module does not pick up from the database written
+    not_picked: list[str]
+
+    @property
+    def wrong(self) -> list[str]:
+        return [
+            f"{r.spec_name} {r.kernel} {r.bucket} {x.config}: {x.detail}"
+            for r in self.results
+            for x in r.results
+            if x.status == "wrong"
+        ]
+
+    @property
+    def unsolved(self) -> list[str]:
+        return [f"{r.spec_name} {r.kernel} {r.bucket}" for r in self.results if r.chosen is None]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.wrong or self.not_picked or self.unsolved)
+
+
+def tune_specs(
+    specs: Sequence[Any],
+    cases: Sequence[TuneCase],
+    *,
+    db_path: str | Path,
+    jobs: int,
+    device: Any,
+    warmup_ms: int = 25,
+    rep_ms: int = 100,
+    seed: int = 0,
+    phase: Callable[[str, int], Callable[[str], None]] = lambda _name, _total: lambda _: None,
+    log: Callable[[str], None] = lambda _: None,
+) -> TuneReport:
+    """`mlagen tune` after argument checking: compile each spec, find its buckets (each key once), warm up,
+    check and time, merge the winners into `db_path`, and check that a module compiled from that database
+    picks them. phase(name, steps) returns the progress callback of a phase; log prints a line."""
+    from .compile import compile_spec, import_module_from_path
+
+    started = time.monotonic()
+    shared: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="mlagen-tune-") as tmp:
+        plans: list[tuple[Any, Path, ModuleType, list[Bucket]]] = []
+        measured_by: dict[tuple[str, str, str], str] = {}
+        for spec in specs:
+            path = compile_spec(spec, Path(tmp) / spec.module_name)
+            module = import_module_from_path(path)
+            buckets = []
+            for bucket in (decode_buckets(module, cases, device) if "decode" in spec.kernels else []) + prefill_buckets(
+                module, cases
+            ):
+                key = (bucket.kernel, kernel_geometry(bucket.kernel, spec), bucket.bucket)
+                if key in measured_by:
+                    shared.append(f"{spec.name} {bucket.kernel} {bucket.bucket}: same kernel as {measured_by[key]}")
+                    continue
+                measured_by[key] = spec.name
+                buckets.append(bucket)
+            if buckets:
+                plans.append((spec, path, module, buckets))
+            else:
+                log(f"{spec.name}: nothing to tune with these cases")
+        tasks = sorted(
+            {
+                WarmUpTask(str(path), b, case.batch, cfg, str(device))
+                for _, path, _, buckets in plans
+                for b in buckets
+                for case in b.cases
+                for cfg in b.configs
+            },
+            key=lambda t: (t.module_path, t.bucket.kernel, t.bucket.bucket, t.batch, t.config),
+        )
+        runs = sum(len(b.configs) * len(b.cases) for *_, buckets in plans for b in buckets)
+        gpu = plans[0][2]._gpu_key(device)[1] if plans else str(device)
+        log(
+            f"tuning {len(plans)} spec(s) on {gpu}: {sum(len(b) for *_, b in plans)} bucket(s), {runs} timed runs; "
+            f"{len(tasks)} kernels to compile on {jobs} process(es)"
+        )
+        warm_failures = warm_up(tasks, jobs, phase("compiling", len(tasks))) if jobs > 0 else {}
+        log(f"compiled in {time.monotonic() - started:.0f} s")
+        advance = phase("timing", runs)
+        results: list[BucketResult] = []
+        for _, _, module, buckets in plans:
+            results += tune_module(
+                module, buckets, device=device, seed=seed, warmup_ms=warmup_ms, rep_ms=rep_ms, advance=advance
+            )
+        entries = entries_from_results(results)
+        write_db(db_path, entries)
+
+        # the database must reach the generated module: compile from it and ask the module what it picks
+        not_picked = []
+        for spec, _, _, _ in plans:
+            check_dir = Path(tmp) / "check" / spec.module_name
+            module = import_module_from_path(compile_spec(spec, check_dir, tuned_for_spec(spec, [db_path])))
+            for r in (r for r in results if r.spec_name == spec.name and r.chosen is not None):
+                table = module.DECODE_TUNED if r.kernel == "decode" else module.PREFILL_TUNED
+                picked = module._tuned_config(table, (r.arch, r.gpu), r.bucket, None)
+                if tuple(picked or ()) != tuple(r.chosen):
+                    not_picked.append(f"{spec.name} {r.kernel} {r.bucket}: module picks {picked}, tuned {r.chosen}")
+    return TuneReport(
+        results=results,
+        entries=entries,
+        db_path=Path(db_path),
+        seconds=time.monotonic() - started,
+        shared=shared,
+        warm_failures=[
+            f"{Path(t.module_path).stem} {t.bucket.kernel} {t.bucket.bucket} B={t.batch} {t.config}: {e}"
+            for t, e in warm_failures.items()
+        ],
+        not_picked=not_picked,
+    )

@@ -1,47 +1,77 @@
-"""The tuning database: winning tile configurations per (kernel, spec hash, GPU, triton version, bucket).
+"""The tuning database: winning tile configurations keyed by what decides the kernel.
 
-A database is one JSON file::
+A database is one JSON file (schema 2)::
 
-    {"schema": 1, "entries": [{"kernel": "decode", "spec": "deepseek-v3-tp8", "spec_hash": "9b9c...",
-      "gpu": "NVIDIA H100 80GB HBM3", "triton": "3.6.0", "bucket": "m16", "config": [64, 4, 2],
-      "time_us": 401.2, "default_config": [64, 4, 2], "default_time_us": 401.2, "cases": [...],
-      "candidates": [[[32, 4, 1], 455.0], ...], ...}, ...]}
+    {"schema": 2, "entries": [{"kernel": "decode", "geometry": "dc512-dr64-page64-bfloat16", "bucket": "m16",
+      "arch": "sm90", "gpu": "NVIDIA H100 80GB HBM3", "triton": "3.6.0", "config": [32, 4, 3],
+      "time_us": 271.7, "default_config": [32, 4, 3], "default_time_us": 271.7,
+      "measured_with": [{"spec": "deepseek-v3-tp8", "num_heads": 16, "seqlen_q": 1}], "cases": [...],
+      "candidates": [[[32, 4, 3], 271.7], ...], ...}, ...]}
 
-Entries are keyed by (kernel, spec_hash, gpu, triton, bucket); merging replaces an entry with the same key.
-Files are written atomically (temporary file + rename) under a file lock, with the entries sorted, so a
-database diffs cleanly and concurrent writers never lose each other's entries.
+An entry is keyed by (kernel, geometry, bucket, arch, gpu, triton), where
 
-Where the configurations go: at compile time (`mlagen compile`, `mlagen_compiler.load`) the entries whose
-spec hash matches the spec are rendered into the generated module (`DECODE_TUNED`, keyed by GPU name and
-bucket); the module picks the entry for the GPU it runs on at launch and falls back to its defaults
-elsewhere. Databases consulted, lowest priority first: the ones shipped with mlagen (`tuning/*.json`, e.g.
-`tuning/h100.json`), then the user's (`MLAGEN_TUNING_DB`, else `<cache dir>/tuning.json`).
-When several triton versions have an entry for the same (GPU, bucket), the installed version's wins, else
-the newest recorded one (its configuration is still valid, only possibly not the best). Entries whose
-configuration is not in the spec's current autotune space (a stale database) are ignored.
+- kernel: "decode" or "prefill";
+- geometry: what the kernel's code depends on besides its tile configuration (`kernel_geometry`), so a
+  renamed spec, another q_lora_rank or rope scaling, or a new spec field does not lose its entries, and
+  specs with the same kernel share them;
+- bucket: the launch shape class (decode: the row block `m<block_m>`, `m<block_m>-small` in the latency
+  regime; prefill: `causal` or `prefix`);
+- arch: the GPU family, its compute capability (`sm90`); gpu: the `torch.cuda.get_device_name()` it was
+  measured on, or `*` for an entry meant for the whole family;
+- triton: the Triton release it was measured with.
+
+Merging replaces an entry with the same key. Files are written atomically (temporary file + rename) under
+a file lock, with the entries sorted, so a database diffs cleanly and concurrent writers never lose each
+other's entries. Schema-1 files (keyed by the whole spec's sha256) are refused with a one-line error;
+`mlagen tuning migrate FILE` converts them (`migrate_entries`), re-measuring nothing.
+
+Where the configurations go: at compile time (`mlagen compile`, `mlagen_compiler.load`) the entries for
+the spec's kernel geometries are rendered into the generated module (`DECODE_TUNED`, `PREFILL_TUNED`,
+keyed by (arch, gpu, bucket)), with one family-wide (arch, "*", bucket) row per arch and bucket: the
+recorded `*` entry, else the entry of the family's device whose name sorts first. At launch the module
+takes the (arch, device name) row, else its family's row, else the plan's default. Databases consulted,
+lowest priority first: the ones shipped with mlagen (`tuning/*.json`), then the user's
+(`MLAGEN_TUNING_DB`, else `<cache dir>/tuning.json`). When several triton versions have an entry for the
+same (kernel, arch, gpu, bucket), the installed version's wins, else the newest recorded one (its
+configuration is still valid, only possibly not the best). Entries whose configuration is not in the
+spec's current autotune space (a stale database, or tiles pinned by the spec) are ignored.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock, Timeout
+
 from .compile import atomic_write_text
+from .paths import cache_dir, shipped_tuning_dir
+from .plan import lower
+from .registry import resolve_spec
 from .spec import MLASpec
 from .triton_support import triton_version
 
 __all__ = [
+    "FAMILY_WIDE",
+    "MARGIN",
+    "PREFILL_BUCKETS",
     "SCHEMA_VERSION",
     "TUNING_DB_ENV",
     "TuningDBError",
     "default_db_paths",
     "entry_key",
+    "gpu_arch",
+    "kernel_geometry",
     "merge_entries",
+    "migrate_db",
+    "migrate_entries",
     "read_db",
+    "select_entries",
     "shipped_db_paths",
     "triton_version",
     "tuned_for_spec",
@@ -49,23 +79,69 @@ __all__ = [
     "write_db",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 TUNING_DB_ENV = "MLAGEN_TUNING_DB"
-KEY_FIELDS = ("kernel", "spec_hash", "gpu", "triton", "bucket")
+KEY_FIELDS = ("kernel", "geometry", "bucket", "arch", "gpu", "triton")
 REQUIRED_FIELDS = (*KEY_FIELDS, "config")
+#: the `gpu` of an entry that serves every device of its arch
+FAMILY_WIDE = "*"
+#: prefill launches: new tokens among themselves (causal) and against a cached prefix (prefix)
+PREFILL_BUCKETS = ("causal", "prefix")
+#: a configuration replaces the default only if it is faster by more than this fraction (the tuner's
+#: rule, also applied when the migration pools several measurements of one key)
+MARGIN = 0.01
 LOCK_TIMEOUT_S = 120.0
+#: the fields of a schema-1 entry (the key was kernel, spec_hash, gpu, triton, bucket)
+V1_FIELDS = ("kernel", "spec", "spec_hash", "gpu", "triton", "bucket", "config")
+
+#: GPU family of schema-1 entries, which recorded only the device name: (name prefix, arch)
+GPU_ARCH_BY_NAME_PREFIX = (
+    ("NVIDIA H100", "sm90"),
+    ("NVIDIA H200", "sm90"),
+    ("NVIDIA H800", "sm90"),
+    ("NVIDIA H20", "sm90"),
+    ("NVIDIA A100", "sm80"),
+    ("NVIDIA A800", "sm80"),
+    ("interpreter", "interpreter"),
+)
 
 
 class TuningDBError(ValueError):
     """A tuning database that cannot be read or written (reported as one line by the CLI)."""
 
 
+# ---- the key --------------------------------------------------------------------------------------------
+def kernel_geometry(kernel: str, spec: MLASpec) -> str:
+    """What `kernel`'s code depends on besides its tile configuration and launch bucket, as a key string.
+
+    decode (`templates/decode.py.jinja`): Dc and Dr (tile widths, padding, TMA descriptors), the page size
+    (which blocks TMA can fetch, how rows are gathered) and the dtype. The heads H and the query tokens
+    Sq enter only through the rows H * Sq, and those only through the row block they choose (the bucket,
+    `m<block_m>`); Dn, Dv, q_lora_rank, the softmax scale (a runtime argument) and the name do not count.
+    prefill (`templates/prefill.py.jinja`, prefill and chunked prefill): Dn, Dr and Dv (the nope / rope
+    score dots and the value width) and the dtype; H only sizes the grid, the page size and Dc only the
+    prefix expansion (PyTorch GEMMs, not the tuned kernel), and causal or prefix is the bucket.
+    """
+    if kernel == "decode":
+        return f"dc{spec.kv_lora_rank}-dr{spec.qk_rope_head_dim}-page{spec.page_size}-{spec.dtype}"
+    if kernel == "prefill":
+        return f"dn{spec.qk_nope_head_dim}-dr{spec.qk_rope_head_dim}-dv{spec.v_head_dim}-{spec.dtype}"
+    raise ValueError(f"kernel {kernel!r}: no tuning key (choose decode or prefill)")
+
+
+def gpu_arch(major: int, minor: int) -> str:
+    """The GPU family key of a compute capability: (9, 0) -> "sm90" (what generated modules compute)."""
+    return f"sm{major}{minor}"
+
+
+def entry_key(entry: Mapping[str, Any]) -> tuple[str, ...]:
+    return tuple(str(entry[k]) for k in KEY_FIELDS)
+
+
 # ---- where databases live ----------------------------------------------------------------------------
 def shipped_db_paths() -> list[Path]:
     """Databases shipped with mlagen (`tuning/*.json` in the repository, `_data/tuning` in the wheel)."""
-    from .render import _data_dir
-
-    return sorted(_data_dir("tuning").glob("*.json"))
+    return sorted(shipped_tuning_dir().glob("*.json"))
 
 
 def user_db_path() -> Path:
@@ -73,8 +149,6 @@ def user_db_path() -> Path:
     env = os.environ.get(TUNING_DB_ENV)
     if env:
         return Path(env).expanduser()
-    from .cache import cache_dir
-
     return cache_dir() / "tuning.json"
 
 
@@ -89,13 +163,14 @@ def default_db_paths(include_user: bool = True) -> list[Path]:
 
 
 # ---- reading and writing -------------------------------------------------------------------------------
-def entry_key(entry: Mapping[str, Any]) -> tuple[str, ...]:
-    return tuple(str(entry[k]) for k in KEY_FIELDS)
-
-
 def _check_entry(entry: Any, where: str) -> dict[str, Any]:
     if not isinstance(entry, dict):
         raise TuningDBError(f"{where}: an entry must be an object, got {type(entry).__name__}")
+    if "spec_hash" in entry and "geometry" not in entry:
+        raise TuningDBError(
+            f"{where}: a schema-1 entry keyed by spec hash ({entry.get('spec', '?')} {entry.get('bucket', '?')}); "
+            "convert the file with `mlagen tuning migrate FILE`"
+        )
     missing = [k for k in REQUIRED_FIELDS if k not in entry]
     if missing:
         raise TuningDBError(f"{where}: entry is missing {', '.join(missing)}")
@@ -105,9 +180,8 @@ def _check_entry(entry: Any, where: str) -> dict[str, Any]:
     return entry
 
 
-def read_db(path: str | Path) -> list[dict[str, Any]]:
-    """Entries of one database file; a missing file is an empty database."""
-    path = Path(path)
+def _read_entries(path: Path, schema: int) -> list[Any]:
+    """The raw entries of a database file of the given schema; a missing file is an empty database."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -120,9 +194,16 @@ def read_db(path: str | Path) -> list[dict[str, Any]]:
         raise TuningDBError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise TuningDBError(f"{path}: not a tuning database (expected an object with an 'entries' list)")
-    if data.get("schema") != SCHEMA_VERSION:
-        raise TuningDBError(f"{path}: tuning database schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
-    return [_check_entry(e, f"{path}: entries[{i}]") for i, e in enumerate(data["entries"])]
+    if data.get("schema") != schema:
+        hint = "; convert it with `mlagen tuning migrate FILE`" if data.get("schema") == 1 else ""
+        raise TuningDBError(f"{path}: tuning database schema {data.get('schema')!r}, expected {schema}{hint}")
+    return data["entries"]
+
+
+def read_db(path: str | Path) -> list[dict[str, Any]]:
+    """Entries of one database file; a missing file is an empty database."""
+    path = Path(path)
+    return [_check_entry(e, f"{path}: entries[{i}]") for i, e in enumerate(_read_entries(path, SCHEMA_VERSION))]
 
 
 def merge_entries(*groups: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
@@ -148,8 +229,6 @@ def write_db(path: str | Path, entries: Iterable[Mapping[str, Any]], *, merge: b
     Holds `<path>.lock` while reading, merging and writing, and writes atomically, so concurrent tuners
     never lose each other's entries and a reader never sees half a file. Returns the entries written.
     """
-    from filelock import FileLock, Timeout
-
     path = Path(path)
     new = [_check_entry(dict(e), f"{path}: new entry") for e in entries]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -171,10 +250,9 @@ def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
     """kernel -> bucket -> configurations of the spec's current autotune space.
 
     The bucket names mirror `decode_bucket(block_m, small)` of the generated module (tests check they
-    agree): "m<block_m>" and, for the latency regime, "m<block_m>-small", over the same space.
+    agree): "m<block_m>" and, for the latency regime, "m<block_m>-small", over the same space; prefill
+    has one space for both of its buckets.
     """
-    from .plan import lower
-
     plan = lower(spec)
     out: dict[str, dict[str, set[tuple[int, ...]]]] = {}
     if plan.decode is not None:
@@ -182,45 +260,176 @@ def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
         for m, cfgs in plan.decode.space:
             configs = {(c.block_n, c.num_warps, c.num_stages) for c in cfgs}
             out["decode"][f"m{m}"] = out["decode"][f"m{m}-small"] = configs
-    prefill = getattr(plan, "prefill", None)
-    if prefill is not None and hasattr(prefill, "space"):  # one space for every prefill bucket
-        out["prefill"] = {"*": {tuple(c.as_tuple()) for c in prefill.space}}
+    if plan.prefill is not None:
+        configs = {c.as_tuple() for c in plan.prefill.space}
+        out["prefill"] = {bucket: configs for bucket in PREFILL_BUCKETS}
     return out
 
 
 def select_entries(spec: MLASpec, entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """The entries that apply to `spec`: its hash, a kernel it emits, a configuration of its space; one per
-    (kernel, gpu, bucket): the installed triton version's, else the newest triton version's."""
-    spec_hash = spec.content_hash()
+    """The entries that apply to `spec`: a kernel it emits, that kernel's geometry, a configuration of its
+    space; one per (kernel, arch, gpu, bucket): the installed triton version's, else the newest one's."""
     valid = _valid_configs(spec)
+    geometry = {kernel: kernel_geometry(kernel, spec) for kernel in valid}
     installed = triton_version()
-    best: dict[tuple[str, str, str], dict[str, Any]] = {}
+
+    def rank(e: Mapping[str, Any]) -> tuple[bool, tuple[int, ...]]:
+        return (e["triton"] == installed, _version_tuple(e["triton"]))
+
+    best: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for entry in entries:
-        if entry["spec_hash"] != spec_hash or entry["kernel"] not in spec.kernels:
+        kernel = entry["kernel"]
+        if kernel not in valid or entry["geometry"] != geometry[kernel]:
             continue
-        kernel, bucket = entry["kernel"], entry["bucket"]
-        allowed = valid.get(kernel, {})
-        if allowed and tuple(entry["config"]) not in allowed.get(bucket, allowed.get("*", set())):
-            continue  # stale: the space changed since this entry was recorded
-        slot = (kernel, entry["gpu"], bucket)
-        current = best.get(slot)
-
-        def rank(e: Mapping[str, Any]) -> tuple[bool, tuple[int, ...]]:
-            return (e["triton"] == installed, _version_tuple(e["triton"]))
-
-        if current is None or rank(entry) > rank(current):
+        if tuple(entry["config"]) not in valid[kernel].get(entry["bucket"], set()):
+            continue  # stale: the space changed since this entry was recorded (or the spec pins tiles)
+        slot = (kernel, entry["arch"], entry["gpu"], entry["bucket"])
+        if slot not in best or rank(entry) > rank(best[slot]):
             best[slot] = dict(entry)
     return [best[k] for k in sorted(best)]
 
 
 def tuned_for_spec(spec: MLASpec, db_paths: Iterable[str | Path] | None = None) -> dict[str, dict[str, list[int]]]:
-    """What `render_module(plan, tuned)` takes: {kernel: {"<gpu>|<bucket>": config}} for this spec.
+    """What `render_module(plan, tuned)` takes: {kernel: {"<arch>|<gpu>|<bucket>": config}} for this spec,
+    with a family-wide "<arch>|*|<bucket>" row for every arch and bucket that has an entry.
 
     db_paths: databases to consult, lowest priority first (default: `default_db_paths()`).
     """
     paths = default_db_paths() if db_paths is None else [Path(p) for p in db_paths]
     entries = merge_entries(*(read_db(p) for p in paths))
     tuned: dict[str, dict[str, list[int]]] = {}
-    for entry in select_entries(spec, entries):
-        tuned.setdefault(entry["kernel"], {})[f"{entry['gpu']}|{entry['bucket']}"] = list(entry["config"])
+    for entry in select_entries(spec, entries):  # sorted: "*" before device names, names in order
+        table = tuned.setdefault(entry["kernel"], {})
+        arch, bucket, config = entry["arch"], entry["bucket"], list(entry["config"])
+        table[f"{arch}|{entry['gpu']}|{bucket}"] = config
+        table.setdefault(f"{arch}|{FAMILY_WIDE}|{bucket}", config)
     return tuned
+
+
+# ---- schema 1 -> 2 ----------------------------------------------------------------------------------------
+def _arch_of_name(name: str, gpu_archs: Mapping[str, str], where: str) -> str:
+    if name in gpu_archs:
+        return gpu_archs[name]
+    for prefix, arch in GPU_ARCH_BY_NAME_PREFIX:
+        if name.startswith(prefix):
+            return arch
+    raise TuningDBError(f"{where}: unknown GPU {name!r}: give its family, e.g. --gpu-arch '{name}=sm90'")
+
+
+def _pooled(group: list[dict[str, Any]], where: str) -> dict[str, Any]:
+    """One schema-2 entry from schema-1 entries that now share a key (e.g. deepseek-v2 and deepseek-v3-tp1,
+    or one geometry measured through several specs): their measurements are pooled, each candidate scored
+    by the geometric mean of its times over the entries that measured it (all of them), and the tuner's
+    rule chooses: the fastest, unless the default is within MARGIN of it. A single entry keeps its config."""
+    first = group[0]
+    defaults = {tuple(e.get("default_config") or ()) for e in group}
+    if len(defaults) != 1:
+        raise TuningDBError(f"{where}: entries for one key disagree on the default configuration: {sorted(defaults)}")
+    default = list(first.get("default_config") or [])
+    if len(group) == 1:
+        config, time_us, default_us = first["config"], first.get("time_us"), first.get("default_time_us")
+        candidates = first.get("candidates", [])
+    else:
+        times: dict[tuple[int, ...], list[float]] = {}
+        for entry in group:
+            for cfg, t in entry.get("candidates", []):
+                times.setdefault(tuple(cfg), []).append(float(t))
+        scores = {
+            cfg: round(math.exp(sum(map(math.log, ts)) / len(ts)), 2)
+            for cfg, ts in times.items()
+            if len(ts) == len(group)
+        }
+        if not scores:
+            raise TuningDBError(f"{where}: the entries for one key share no measured candidate")
+        best = min(scores, key=lambda cfg: (scores[cfg], cfg))
+        default_us = scores.get(tuple(default))
+        if default_us is not None and scores[best] > default_us * (1 - MARGIN):
+            best = tuple(default)
+        config, time_us = list(best), scores[best]
+        candidates = [[list(cfg), scores[cfg]] for cfg in sorted(scores, key=lambda cfg: (scores[cfg], cfg))]
+    return {
+        "config": list(config),
+        "time_us": time_us,
+        "default_config": default,
+        "default_time_us": default_us,
+        "candidates": candidates,
+    }
+
+
+def migrate_entries(
+    entries: Iterable[Mapping[str, Any]],
+    resolve: Callable[[str], MLASpec],
+    *,
+    gpu_archs: Mapping[str, str] | None = None,
+    where: str = "tuning database",
+) -> list[dict[str, Any]]:
+    """Schema-1 entries (keyed by spec hash and GPU name) as schema-2 entries; nothing is re-measured.
+
+    Each old entry's key is derived from the spec it names (`resolve(name)`, which must still hash to the
+    recorded spec_hash: otherwise its geometry is unknown) and the GPU family of its device name
+    (`gpu_archs` {name: arch}, else GPU_ARCH_BY_NAME_PREFIX). Old entries that land on one key are pooled
+    (see `_pooled`); `measured_with` lists the specs, head counts and Sq each new entry was measured with.
+    """
+    gpu_archs = dict(gpu_archs or {})
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for i, old in enumerate(entries):
+        here = f"{where}: entries[{i}]"
+        if not isinstance(old, dict) or not {"kernel", "spec", "spec_hash", "gpu", "triton", "bucket", "config"} <= set(
+            old
+        ):
+            raise TuningDBError(
+                f"{here}: not a schema-1 entry (needs kernel, spec, spec_hash, gpu, triton, bucket, config)"
+            )
+        try:
+            spec = resolve(old["spec"])
+        except ValueError as error:
+            raise TuningDBError(f"{here}: spec {old['spec']!r}: {str(error).splitlines()[0]}") from None
+        if spec.content_hash() != old["spec_hash"]:
+            raise TuningDBError(
+                f"{here}: spec {old['spec']!r} has changed since (hash {old['spec_hash'][:12]}...): geometry unknown"
+            )
+        new_key = {
+            "kernel": old["kernel"],
+            "geometry": kernel_geometry(old["kernel"], spec),
+            "bucket": old["bucket"],
+            "arch": _arch_of_name(old["gpu"], gpu_archs, here),
+            "gpu": old["gpu"],
+            "triton": old["triton"],
+        }
+        measured = {"spec": old["spec"], "num_heads": spec.num_heads, "seqlen_q": old.get("seqlen_q")}
+        groups.setdefault(entry_key(new_key), []).append({**old, "_key": new_key, "_measured": measured})
+    migrated = []
+    for key, group in sorted(groups.items()):
+        first = group[0]
+        where_key = f"{where}: {'/'.join(key)}"
+        migrated.append(
+            {
+                **first["_key"],
+                **_pooled(group, where_key),
+                "measured_with": [e["_measured"] for e in group],
+                "cases": first.get("cases", []),
+                "mlagen": first.get("mlagen"),
+                "torch": first.get("torch"),
+                "tuned_at": max(str(e.get("tuned_at", "")) for e in group),
+                "migrated_from": [
+                    {"spec": e["spec"], "spec_hash": e["spec_hash"], "config": e["config"]} for e in group
+                ],
+            }
+        )
+    return migrated
+
+
+def migrate_db(
+    path: str | Path,
+    out: str | Path | None = None,
+    *,
+    resolve: Callable[[str], MLASpec] | None = None,
+    gpu_archs: Mapping[str, str] | None = None,
+) -> list[dict[str, Any]]:
+    """Convert the schema-1 database at `path` into a schema-2 one at `out` (default: in place).
+
+    resolve: spec name -> spec (default: the registry). Returns the entries written.
+    """
+    path = Path(path)
+    entries = migrate_entries(_read_entries(path, 1), resolve or resolve_spec, gpu_archs=gpu_archs, where=str(path))
+    return write_db(Path(out) if out is not None else path, entries, merge=False)

@@ -8,16 +8,22 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
 __all__ = [
+    "LSE_TOLERANCE",
     "TOLERANCES",
     "CaseResult",
     "PrefillCase",
+    "compare",
+    "compare_with_lse",
+    "cu_seqlens",
     "decode_cases",
     "make_decode_inputs",
+    "paged_block_table",
+    "random_mha",
     "prefill_cases",
     "run_decode_case",
     "run_prefill_case",
@@ -71,31 +77,81 @@ def decode_cases(page_size: int, on_gpu: bool) -> list[DecodeCase]:
     ]
 
 
-def make_decode_inputs(module: ModuleType, seqlens, seqlen_q: int, generator, device) -> dict[str, Any]:
-    """Random q and paged cache for `seqlens`, pages shuffled so neighbours are never adjacent."""
+def paged_block_table(
+    seqlens: Sequence[int], page_size: int, generator, *, spare_pages: int = 0, align: int = 1
+) -> tuple[Any, int]:
+    """A shuffled page table for sequences of `seqlens` tokens: (block_table [B, width] int32 on the
+    generator's device, number of pages in the pool).
+
+    Every sequence owns max(1, ceil(length / page_size)) distinct pages, in random order over a pool with
+    `spare_pages` pages nobody owns. Slots past a sequence's pages point at random pages of the pool, as a
+    serving engine's stale entries would: a kernel that reads past a sequence's end reads real, wrong data,
+    which the reference check catches. `align` rounds the table width and the pool up to a multiple (the
+    tuner keeps warm-up and timed inputs in one Triton specialization that way).
+    """
     import torch
 
-    page_size = module.PAGE_SIZE
-    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
-    batch = len(seqlens)
-    pages_per_seq = [max(1, -(-s // page_size)) for s in seqlens]
-    max_pages = max(pages_per_seq)
-    num_pages = sum(pages_per_seq) + 3
-    perm = torch.randperm(num_pages, generator=generator)
-    block_table = torch.full((batch, max_pages), -1, dtype=torch.int32)
+    def round_up(value: int) -> int:
+        return -(-value // align) * align
+
+    pages_per_seq = [max(1, -(-int(s) // page_size)) for s in seqlens]
+    width = round_up(max(pages_per_seq))
+    num_pages = round_up(sum(pages_per_seq) + spare_pages)
+    device = generator.device
+    perm = torch.randperm(num_pages, generator=generator, device=device).to(torch.int32)
+    table = torch.randint(
+        0, num_pages, (len(pages_per_seq), width), generator=generator, dtype=torch.int32, device=device
+    )
     used = 0
     for b, n in enumerate(pages_per_seq):
-        block_table[b, :n] = perm[used : used + n].to(torch.int32)
+        table[b, :n] = perm[used : used + n]
         used += n
+    return table, num_pages
+
+
+def cu_seqlens(lengths: Sequence[int], device) -> Any:
+    """[0, l0, l0 + l1, ...] as an int32 tensor: the packed layout's sequence boundaries."""
+    import torch
+
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + int(n))
+    return torch.tensor(bounds, dtype=torch.int32, device=device)
+
+
+def random_mha(module: ModuleType, num_tokens: int, generator, device) -> tuple[Any, Any, Any, Any]:
+    """Random q [T, H, Dn+Dr], k_nope [T, H, Dn], k_pe [T, Dr], v [T, H, Dv] in the module's dtype, drawn
+    from `generator` on its own device and moved to `device`."""
+    import torch
+
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=generator, device=generator.device).to(module.DTYPE).to(device)
+
+    return rnd(num_tokens, heads, dn + dr), rnd(num_tokens, heads, dn), rnd(num_tokens, dr), rnd(num_tokens, heads, dv)
+
+
+def make_decode_inputs(module: ModuleType, seqlens, seqlen_q: int, generator, device) -> dict[str, Any]:
+    """Random q and paged cache for `seqlens` (see paged_block_table), data N(0, 1), never zeros."""
+    import torch
+
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    block_table, num_pages = paged_block_table(seqlens, module.PAGE_SIZE, generator, spare_pages=3)
     dtype = module.DTYPE
-    kv_cache = torch.randn(num_pages, page_size, 1, width, generator=generator).to(dtype)
-    q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, generator=generator).to(dtype)
+    kv_cache = torch.randn(num_pages, module.PAGE_SIZE, 1, width, generator=generator).to(dtype)
+    q = torch.randn(len(seqlens), seqlen_q, module.NUM_HEADS, width, generator=generator).to(dtype)
     return {
         "q": q.to(device),
         "kv_cache": kv_cache.to(device),
-        "block_table": block_table.clamp_min(0).to(device),
+        "block_table": block_table.to(device),
         "cache_seqlens": torch.tensor(seqlens, dtype=torch.int32, device=device),
     }
+
+
+def _error_text(error: AssertionError) -> str:
+    """torch.testing's report (what differs, where, by how much) on one line."""
+    return "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
 
 
 def compare(out, ref, dtype_name: str) -> tuple[float, float, str]:
@@ -110,10 +166,24 @@ def compare(out, ref, dtype_name: str) -> tuple[float, float, str]:
     try:
         torch.testing.assert_close(out64, ref64, atol=tol["atol"], rtol=tol["rtol"])
     except AssertionError as error:
-        return max_err, rel, str(error).splitlines()[0]
+        return max_err, rel, _error_text(error)
     if not rel <= tol["rel_norm"]:
         return max_err, rel, f"relative norm error {rel:.3g} > {tol['rel_norm']}"
     return max_err, rel, ""
+
+
+def compare_with_lse(out, lse, ref_out, ref_lse, dtype_name: str) -> tuple[float, float, str]:
+    """`compare` of the outputs, then the log-sum-exps within LSE_TOLERANCE: (max abs error, relative norm
+    error, '' or what is wrong)."""
+    import torch
+
+    max_err, rel, message = compare(out, ref_out, dtype_name)
+    if not message:
+        try:
+            torch.testing.assert_close(lse.double().cpu(), ref_lse.double().cpu(), **LSE_TOLERANCE)
+        except AssertionError as error:
+            message = "lse: " + _error_text(error)
+    return max_err, rel, message
 
 
 def decode_reference(module: ModuleType, inputs: dict[str, Any], softmax_scale: float | None = None):
@@ -132,20 +202,12 @@ def decode_reference(module: ModuleType, inputs: dict[str, Any], softmax_scale: 
 
 
 def run_decode_case(module: ModuleType, case: DecodeCase, generator, device) -> CaseResult:
-    import torch
-
     inputs = make_decode_inputs(module, case.seqlens, case.seqlen_q, generator, device)
     schedule = module.get_decode_schedule(
         len(case.seqlens), case.seqlen_q, device, num_parts=case.num_parts, min_blocks_per_part=case.min_blocks_per_part
     )
     out, lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule)
-    ref_out, ref_lse = decode_reference(module, inputs)
-    max_err, rel, message = compare(out, ref_out, module.SPEC["dtype"])
-    if not message:
-        try:
-            torch.testing.assert_close(lse.double(), ref_lse, **LSE_TOLERANCE)
-        except AssertionError as error:
-            message = "lse: " + str(error).splitlines()[0]
+    max_err, rel, message = compare_with_lse(out, lse, *decode_reference(module, inputs), module.SPEC["dtype"])
     return CaseResult(module.SPEC["name"], "decode", case.name, max_err, rel, not message, message)
 
 
@@ -188,8 +250,13 @@ def prefill_cases(on_gpu: bool) -> list[PrefillCase]:
     return [PrefillCase("B=3 varlen", (1, 17, 33), (0, 5, 20))]
 
 
-def run_prefill_case(module: ModuleType, case: PrefillCase, generator, device) -> list[CaseResult]:
-    """mla_prefill and mla_chunked_prefill on one set of random inputs."""
+def run_prefill_case(
+    module: ModuleType, case: PrefillCase, generator, device, config: tuple[int, ...] | None = None
+) -> list[CaseResult]:
+    """mla_prefill and mla_chunked_prefill on one set of random inputs.
+
+    config: a prefill tile configuration to force (the tuner checks each one); default: the module's choice.
+    """
     import torch
 
     from .reference import chunked_prefill, prefill_varlen
@@ -201,43 +268,29 @@ def run_prefill_case(module: ModuleType, case: PrefillCase, generator, device) -
     def rnd(*shape):
         return torch.randn(*shape, generator=generator).to(dtype).to(device)
 
-    q, k_nope, k_pe, v = rnd(total, heads, dn + dr), rnd(total, heads, dn), rnd(total, dr), rnd(total, heads, dv)
-    bounds = [0]
-    for n in case.seqlens:
-        bounds.append(bounds[-1] + n)
-    cu = torch.tensor(bounds, dtype=torch.int32, device=device)
+    q, k_nope, k_pe, v = random_mha(module, total, generator, device)
+    cu = cu_seqlens(case.seqlens, device)
 
     def judge(kernel, out, lse, ref_out, ref_lse) -> CaseResult:
-        max_err, rel, message = compare(out, ref_out, module.SPEC["dtype"])
-        if not message:
-            try:
-                torch.testing.assert_close(lse.double(), ref_lse, **LSE_TOLERANCE)
-            except AssertionError as error:
-                message = "lse: " + str(error).splitlines()[0]
+        max_err, rel, message = compare_with_lse(out, lse, ref_out, ref_lse, module.SPEC["dtype"])
         return CaseResult(name, kernel, case.name, max_err, rel, not message, message)
 
     results = []
-    out, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, max(case.seqlens), return_lse=True)
-    ref = prefill_varlen(q.double(), k_nope.double(), k_pe.double(), v.double(), bounds, module.SOFTMAX_SCALE)
+    out, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, max(case.seqlens), return_lse=True, config=config)
+    ref = prefill_varlen(q.double(), k_nope.double(), k_pe.double(), v.double(), cu.cpu(), module.SOFTMAX_SCALE)
     results.append(judge("prefill", out, lse, *ref))
 
     page = module.PAGE_SIZE
-    pages = [max(1, -(-n // page)) for n in case.prefix_lens]
-    perm = torch.randperm(sum(pages) + 2, generator=generator)
-    table = torch.zeros(len(pages), max(pages), dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(pages):
-        table[b, :n] = perm[used : used + n].to(torch.int32)
-        used += n
+    table, num_pages = paged_block_table(case.prefix_lens, page, generator, spare_pages=2)
     table = table.to(device)
-    cache = rnd(sum(pages) + 2, page, 1, dc + dr)
+    cache = rnd(num_pages, page, 1, dc + dr)
     w_uk, w_uv = rnd(heads, dn, dc) / dc**0.5, rnd(heads, dv, dc) / dc**0.5
     prefix = torch.tensor(case.prefix_lens, dtype=torch.int32, device=device)
     out, lse = module.mla_chunked_prefill(
-        q, k_nope, k_pe, v, cu, max(case.seqlens), cache, table, prefix, w_uk, w_uv, return_lse=True
+        q, k_nope, k_pe, v, cu, max(case.seqlens), cache, table, prefix, w_uk, w_uv, return_lse=True, config=config
     )
     ref = chunked_prefill(
-        q.double(), k_nope.double(), k_pe.double(), v.double(), bounds, cache.double(), table, case.prefix_lens,
+        q.double(), k_nope.double(), k_pe.double(), v.double(), cu.cpu(), cache.double(), table, case.prefix_lens,
         w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=dtype,
     )  # fmt: skip
     results.append(judge("chunked", out, lse, *ref))

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from mlagen_compiler.reference import prefill_varlen
-from mlagen_compiler.verify import LSE_TOLERANCE, compare
+from mlagen_compiler.verify import compare_with_lse, paged_block_table
 
 FIELDS = dict(
     name="bad-values",
@@ -73,8 +73,10 @@ def chunked_extras(module, batch, prefix_len=5, num_pages=6):
     g = torch.Generator().manual_seed(1)
     h, dn, dv, dc, dr = (module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK,
                          module.QK_ROPE_HEAD_DIM)  # fmt: skip
+    # two distinct pages per row whatever prefix_len (room for 8 tokens), the rest of the pool spare
+    two_pages = [2 * module.PAGE_SIZE] * batch
+    table, _ = paged_block_table(two_pages, module.PAGE_SIZE, g, spare_pages=num_pages - 2 * batch)
     cache = torch.randn(num_pages, module.PAGE_SIZE, 1, dc + dr, generator=g).to(module.DTYPE)
-    table = torch.randperm(num_pages, generator=g)[: 2 * batch].view(batch, 2).to(torch.int32)
     prefix = torch.full((batch,), prefix_len, dtype=torch.int32)
     w_uk = (torch.randn(h, dn, dc, generator=g) / dc**0.5).to(module.DTYPE)
     w_uv = (torch.randn(h, dv, dc, generator=g) / dc**0.5).to(module.DTYPE)
@@ -179,8 +181,8 @@ def test_prefill_is_right_for_any_finite_scale(module, scale):
     q, k_nope, k_pe, v, cu = mha(module, [3, 70], seed=5)
     got, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, 70, softmax_scale=scale, return_lse=True)
     want, want_lse = prefill_varlen(q.double(), k_nope.double(), k_pe.double(), v.double(), cu, scale)
-    assert not compare(got, want, "float16")[2]
-    torch.testing.assert_close(lse.double(), want_lse, **LSE_TOLERANCE)
+    _, _, message = compare_with_lse(got, lse, want, want_lse, "float16")
+    assert not message, message
 
 
 def test_validate_false_is_the_callers_contract(module):
@@ -193,9 +195,9 @@ def test_validate_false_is_the_callers_contract(module):
 
 def decode_args(module, lengths, seed=4):
     g = torch.Generator().manual_seed(seed)
-    pages = -(-max(lengths) // module.PAGE_SIZE)
-    kv = torch.randn(len(lengths) * pages + 1, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
-    table = torch.randperm(len(lengths) * pages, generator=g).view(len(lengths), pages).to(torch.int32)
+    # every row holds max(lengths) tokens' pages; one spare page
+    table, num_pages = paged_block_table([max(lengths)] * len(lengths), module.PAGE_SIZE, g, spare_pages=1)
+    kv = torch.randn(num_pages, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
     q = torch.randn(len(lengths), 1, module.NUM_HEADS, 80, generator=g).to(module.DTYPE)
     return q, kv, table, torch.tensor(lengths, dtype=torch.int32)
 

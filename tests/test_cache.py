@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import SMALL_SPEC
 from typer.testing import CliRunner
 
 import mlagen_compiler
@@ -20,16 +21,7 @@ from mlagen_compiler.compile import import_module_from_path, module_source
 from mlagen_compiler.spec import load_spec, spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
-FIELDS = dict(
-    name="cache-me",
-    num_heads=8,
-    kv_lora_rank=64,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=32,
-    v_head_dim=32,
-    page_size=16,
-    dtype="float16",
-)
+FIELDS = {**SMALL_SPEC, "name": "cache-me", "num_heads": 8}
 YAML = """\
 # a small spec for the cache tests
 name: cache-me

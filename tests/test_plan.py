@@ -1,4 +1,5 @@
 import pytest
+from helpers import DEEPSEEK_V3_TP8_SPEC
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -18,16 +19,7 @@ from mlagen_compiler.spec import spec_from_dict
 
 
 def spec(**over):
-    base = dict(
-        name="p",
-        num_heads=16,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=128,
-        v_head_dim=128,
-        page_size=64,
-    )
-    return spec_from_dict({**base, **over})
+    return spec_from_dict({**DEEPSEEK_V3_TP8_SPEC, **over})
 
 
 def test_next_pow2():
@@ -110,7 +102,9 @@ def test_overrides_pin_the_space():
 
 
 def test_prefill_only_spec_has_no_decode_plan():
-    assert lower(spec(kernels=["decode"])).decode is not None
+    plan = lower(spec(kernels=["prefill"]))
+    assert plan.decode is None and plan.prefill is not None
+    assert "prefill" in plan.summary() and "decode" not in plan.summary()
 
 
 def test_prefill_plan_splits_qk_into_pow2_parts():
@@ -147,8 +141,7 @@ def test_prefill_overrides_pin_the_space():
     assert [c.as_tuple() for c in plan.space] == [(64, 32, 4, 2)] and plan.default.as_tuple() == (64, 32, 4, 2)
 
 
-def test_kernels_select_plans():
-    assert lower(spec(kernels=["decode"])).prefill is None
-    only = lower(spec(kernels=["prefill"]))
-    assert only.decode is None and only.prefill is not None
-    assert "prefill" in only.summary() and "decode" not in only.summary()
+def test_decode_only_spec_has_no_prefill_plan():
+    plan = lower(spec(kernels=["decode"]))
+    assert plan.prefill is None and plan.decode is not None
+    assert "decode" in plan.summary() and "prefill" not in plan.summary()

@@ -22,7 +22,7 @@ from mlagen_compiler.reference import (
     project,
     random_weights,
 )
-from mlagen_compiler.verify import LSE_TOLERANCE, compare
+from mlagen_compiler.verify import compare, compare_with_lse, cu_seqlens, paged_block_table, random_mha
 
 GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like, odd widths (padded)
     (2, 128, 64, 128, 512),
@@ -55,22 +55,6 @@ def tile_lengths(block_m, block_n):
     return st.one_of(st.sampled_from(sorted(e for e in edges if e >= 1)), st.integers(1, 40))
 
 
-def packed(lengths, device):
-    cu = [0]
-    for n in lengths:
-        cu.append(cu[-1] + n)
-    return torch.tensor(cu, dtype=torch.int32, device=device)
-
-
-def random_mha(module, num_tokens, generator, device):
-    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
-
-    def rnd(*shape):
-        return torch.randn(*shape, generator=generator).to(module.DTYPE).to(device)
-
-    return rnd(num_tokens, heads, dn + dr), rnd(num_tokens, heads, dn), rnd(num_tokens, dr), rnd(num_tokens, heads, dv)
-
-
 def poisoned(module, num_tokens, device):
     out = torch.full((num_tokens, module.NUM_HEADS, module.V_HEAD_DIM), float("nan"), dtype=module.DTYPE, device=device)
     lse = torch.full((module.NUM_HEADS, num_tokens), float("nan"), device=device)
@@ -79,9 +63,8 @@ def poisoned(module, num_tokens, device):
 
 def check(got, got_lse, want, want_lse, dtype):
     assert not got.isnan().any(), "unwritten or NaN output elements"
-    _, _, message = compare(got, want, dtype)
+    _, _, message = compare_with_lse(got, got_lse, want, want_lse, dtype)
     assert not message, message
-    torch.testing.assert_close(got_lse.double().cpu(), want_lse.double().cpu(), **LSE_TOLERANCE)
 
 
 @st.composite
@@ -103,7 +86,7 @@ def test_prefill_matches_reference(build_module, device, problem, data):
     lengths = data.draw(st.lists(tile_lengths(config[0], config[1]), min_size=1, max_size=4), label="lengths")
     note(f"{problem} config={config} lengths={lengths}")
     g = torch.Generator().manual_seed(problem["seed"])
-    cu = packed(lengths, device)
+    cu = cu_seqlens(lengths, device)
     q, k_nope, k_pe, v = random_mha(module, sum(lengths), g, device)
     out, lse = poisoned(module, sum(lengths), device)
     with patch.object(module, "PREFILL_USE_TMA", problem["tma"]):
@@ -156,18 +139,10 @@ def test_merge_attn_states_equals_attention_over_the_union(build_module, device,
 
 
 def paged_cache(module, prefix_lens, generator, device):
-    """Random latent cache holding the prefixes in shuffled pages, and its block table."""
-    page_size = module.PAGE_SIZE
-    pages = [max(1, -(-n // page_size)) for n in prefix_lens]
-    num_pages = sum(pages) + 2
-    perm = torch.randperm(num_pages, generator=generator)
-    table = torch.zeros(len(prefix_lens), max(pages), dtype=torch.int32)
-    used = 0
-    for b, n in enumerate(pages):
-        table[b, :n] = perm[used : used + n].to(torch.int32)
-        used += n
+    """Random latent cache holding the prefixes in shuffled pages (see verify.paged_block_table), and its table."""
+    table, num_pages = paged_block_table(prefix_lens, module.PAGE_SIZE, generator, spare_pages=2)
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
-    cache = torch.randn(num_pages, page_size, 1, width, generator=generator).to(module.DTYPE)
+    cache = torch.randn(num_pages, module.PAGE_SIZE, 1, width, generator=generator).to(module.DTYPE)
     return cache.to(device), table.to(device)
 
 
@@ -184,7 +159,7 @@ def test_chunked_prefill_equals_full_attention(build_module, device, problem, da
     prefix_lens = data.draw(st.lists(prefix_length, min_size=batch, max_size=batch), label="prefix")
     note(f"{problem} config={config} new={lengths} prefix={prefix_lens} page_size={page_size}")
     g = torch.Generator().manual_seed(problem["seed"])
-    cu = packed(lengths, device)
+    cu = cu_seqlens(lengths, device)
     q, k_nope, k_pe, v = random_mha(module, sum(lengths), g, device)
     cache, table = paged_cache(module, prefix_lens, g, device)
     heads, dn, dv, dc = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
@@ -244,7 +219,7 @@ def args_module(build_module):
 
 def prefill_args(module, device):
     q, k_nope, k_pe, v = random_mha(module, 9, torch.Generator().manual_seed(0), device)
-    return dict(q=q, k_nope=k_nope, k_pe=k_pe, v=v, cu_seqlens=packed([4, 5], device), max_seqlen=5)
+    return dict(q=q, k_nope=k_nope, k_pe=k_pe, v=v, cu_seqlens=cu_seqlens([4, 5], device), max_seqlen=5)
 
 
 @pytest.mark.parametrize(

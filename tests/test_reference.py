@@ -5,6 +5,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlagen_compiler import reference as ref
+from mlagen_compiler.verify import paged_block_table
 
 
 @given(
@@ -81,16 +82,13 @@ def test_paged_decode_equals_absorbed_attention(seed, page_size, seqlen_q):
     scale = (dn + dr) ** -0.5
     want, want_lse = ref.mla_absorbed(w, q_nope[-seqlen_q:], q_pe[-seqlen_q:], c_kv, k_pe, scale)
     # the absorbed form's queries must see the whole prefix: attention over all rows, causal at the end
-    n_pages = -(-seqlen // page_size) + 2
-    pages = torch.randperm(n_pages, generator=g)
+    table, n_pages = paged_block_table([seqlen], page_size, g, spare_pages=2)
     cache = torch.randn(n_pages, page_size, 1, dc + dr, generator=g, dtype=torch.float64)
     rows = torch.cat([c_kv, k_pe], dim=-1)
     for t in range(seqlen):
-        cache[pages[t // page_size], t % page_size, 0] = rows[t]
+        cache[table[0, t // page_size], t % page_size, 0] = rows[t]
     q_abs = ref.absorb_query(w, q_nope[-seqlen_q:], q_pe[-seqlen_q:])[None]
-    o_lat, lse = ref.decode_paged(
-        q_abs, cache, pages[None].to(torch.int32), torch.tensor([seqlen], dtype=torch.int32), dc, scale
-    )
+    o_lat, lse = ref.decode_paged(q_abs, cache, table, torch.tensor([seqlen], dtype=torch.int32), dc, scale)
     got = torch.einsum("thc,hvc->thv", o_lat[0], w.w_uv)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(lse[0], want_lse)
@@ -100,9 +98,8 @@ def test_paged_decode_equals_absorbed_attention(seed, page_size, seqlen_q):
 def test_batched_decode_equals_looped(seed, seqlen_q, page_size):
     g = torch.Generator().manual_seed(seed)
     lens = torch.randint(0, 30, (4,), generator=g, dtype=torch.int32)
-    n_pages = 4 * (-(-30 // page_size)) + 1
+    table, n_pages = paged_block_table([30] * 4, page_size, g, spare_pages=1)  # room for max_seqlen=30
     cache = torch.randn(n_pages, page_size, 1, 80, generator=g, dtype=torch.float64)
-    table = torch.randperm(n_pages, generator=g)[: 4 * (-(-30 // page_size))].view(4, -1).to(torch.int32)
     q = torch.randn(4, seqlen_q, 3, 80, generator=g, dtype=torch.float64)
     want = ref.decode_paged(q, cache, table, lens, 64, 0.3)
     got = ref.decode_paged_batched(q, cache, table, lens, 64, 0.3, max_seqlen=30)

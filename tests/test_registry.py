@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 from mlagen_compiler.cli import app
+from mlagen_compiler.paths import bundled_spec_dir
 from mlagen_compiler.registry import registered_specs, resolve_kernel, resolve_spec, spec_dirs
-from mlagen_compiler.render import bundled_spec_dir
 from mlagen_compiler.spec import MLASpec, SpecError
 
 BUNDLED = [

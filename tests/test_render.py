@@ -3,6 +3,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import SMALL_SPEC
 
 from mlagen_compiler import __version__
 from mlagen_compiler.compile import module_source
@@ -11,17 +12,7 @@ from mlagen_compiler.spec import spec_from_dict
 from mlagen_compiler.tuning import shipped_db_paths, tuned_for_spec
 
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = dict(
-    name="render-me",
-    num_heads=40,
-    kv_lora_rank=256,
-    qk_rope_head_dim=32,
-    qk_nope_head_dim=64,
-    v_head_dim=64,
-    q_lora_rank=768,
-    page_size=16,
-    dtype="float16",
-)
+SPEC = {**SMALL_SPEC, "name": "render-me", "num_heads": 40, "q_lora_rank": 768}
 
 
 def test_deterministic_and_header():

@@ -1,5 +1,5 @@
-"""The tuning database (read / merge / write, selection per spec) and how its entries reach a generated
-module; the CPU-side parts of the tuner. Tuning itself needs a GPU (`mlagen tune` on the device)."""
+"""The tuning database (keys, read / merge / write, selection per spec, migration from schema 1) and how its
+entries reach a generated module; the tuner's flow under the interpreter. Timing needs a GPU (`mlagen tune`)."""
 
 import dataclasses
 import json
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import SMALL_SPEC
 from typer.testing import CliRunner
 
 import mlagen_compiler
@@ -18,9 +19,10 @@ from mlagen_compiler import tuning
 from mlagen_compiler.cli import app
 from mlagen_compiler.compile import compile_spec, import_module_from_path, module_source
 from mlagen_compiler.plan import lower
-from mlagen_compiler.registry import resolve_spec
+from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import spec_from_dict
 from mlagen_compiler.tuner import (
+    CASE_SETS,
     CASES,
     BucketResult,
     ConfigResult,
@@ -29,31 +31,23 @@ from mlagen_compiler.tuner import (
     entries_from_results,
     make_inputs,
     parse_cases,
+    prefill_buckets,
 )
 from mlagen_compiler.tuning import TuningDBError, read_db, tuned_for_spec, write_db
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = "NVIDIA H100 80GB HBM3"
-FIELDS = dict(
-    name="tune-me",
-    num_heads=16,
-    kv_lora_rank=64,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=32,
-    v_head_dim=32,
-    page_size=16,
-    dtype="float16",
-)
+FIELDS = {**SMALL_SPEC, "name": "tune-me"}
 
 
-def entry(spec, bucket="m16", config=(64, 4, 2), gpu=H100, triton=None, **extra):
+def entry(spec, bucket="m16", config=(64, 4, 2), gpu=H100, triton=None, kernel="decode", arch="sm90", **extra):
     return {
-        "kernel": "decode",
-        "spec": spec.name,
-        "spec_hash": spec.content_hash(),
+        "kernel": kernel,
+        "geometry": tuning.kernel_geometry(kernel, spec),
+        "bucket": bucket,
+        "arch": arch,
         "gpu": gpu,
         "triton": triton or tuning.triton_version(),
-        "bucket": bucket,
         "config": list(config),
         "time_us": 10.0,
         **extra,
@@ -73,7 +67,7 @@ def test_round_trip_and_merge(tmp_path):
     write_db(db, [b, a])
     assert read_db(db) == [a, b]  # sorted by key
     text = db.read_text()
-    assert json.loads(text)["schema"] == tuning.SCHEMA_VERSION
+    assert json.loads(text)["schema"] == tuning.SCHEMA_VERSION == 2
     write_db(db, [a, b])
     assert db.read_text() == text  # deterministic
     a2 = {**a, "config": [32, 8, 2], "time_us": 5.0}
@@ -85,16 +79,26 @@ def test_round_trip_and_merge(tmp_path):
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".db.json*"))
 
 
+V1_ENTRY = (
+    '{"kernel": "decode", "spec": "x", "spec_hash": "h", "gpu": "g", "triton": "3", "bucket": "m16", "config": [1]}'
+)
+
+
 @pytest.mark.parametrize(
     ("content", "fragment"),
     [
         ("{not json", "not valid JSON"),
-        ('{"schema": 1}', "not a tuning database"),
-        ('{"schema": 7, "entries": []}', "schema 7"),
-        ('{"schema": 1, "entries": [{"kernel": "decode"}]}', "entry is missing spec_hash"),
+        ('{"schema": 2}', "not a tuning database"),
+        ('{"schema": 7, "entries": []}', "schema 7, expected 2$"),
+        ('{"schema": 1, "entries": []}', "schema 1, expected 2; convert it with `mlagen tuning migrate FILE`"),
         (
-            '{"schema": 1, "entries": [{"kernel": "decode", "spec_hash": "x", "gpu": "g", "triton": "3", '
-            '"bucket": "m16", "config": "fast"}]}',
+            '{"schema": 2, "entries": [' + V1_ENTRY + "]}",
+            r"entries\[0\]: a schema-1 entry keyed by spec hash \(x m16\); convert the file with `mlagen tuning",
+        ),
+        ('{"schema": 2, "entries": [{"kernel": "decode"}]}', "entry is missing geometry, bucket, arch, gpu"),
+        (
+            '{"schema": 2, "entries": [{"kernel": "decode", "geometry": "x", "bucket": "m16", "arch": "sm90", '
+            '"gpu": "g", "triton": "3", "config": "fast"}]}',
             "config must be a list",
         ),
     ],
@@ -104,7 +108,7 @@ def test_bad_databases_are_one_line_errors(tmp_path, content, fragment):
     db.write_text(content)
     with pytest.raises(TuningDBError, match=fragment) as info:
         read_db(db)
-    assert str(db) in str(info.value) and "\n" not in str(info.value)
+    assert str(info.value).startswith(f"{db}: ") and "\n" not in str(info.value)
 
 
 def test_concurrent_writers_keep_every_entry(tmp_path):
@@ -114,7 +118,7 @@ def test_concurrent_writers_keep_every_entry(tmp_path):
         import sys
         from mlagen_compiler.tuning import write_db
         i = int(sys.argv[2])
-        entries = [{"kernel": "decode", "spec_hash": "h", "gpu": f"gpu{i}", "triton": "3.6.0",
+        entries = [{"kernel": "decode", "geometry": "g", "arch": "sm90", "gpu": f"gpu{i}", "triton": "3.6.0",
                     "bucket": f"m{j}", "config": [i, j, 1]} for j in range(20)]
         for e in entries:
             write_db(sys.argv[1], [e])
@@ -126,31 +130,62 @@ def test_concurrent_writers_keep_every_entry(tmp_path):
     assert len(read_db(db)) == 4 * 20
 
 
-def test_selection_by_spec_hash_space_and_triton(tmp_path):
+def test_geometry_keys_name_what_the_kernels_depend_on():
+    spec = spec_from_dict(FIELDS)
+    assert tuning.kernel_geometry("decode", spec) == "dc64-dr16-page16-float16"
+    assert tuning.kernel_geometry("prefill", spec) == "dn32-dr16-dv32-float16"
+    # what the decode kernel does not depend on leaves its key alone, and the other way round
+    same_decode = {"name": "other", "num_heads": 3, "qk_nope_head_dim": 64, "v_head_dim": 16, "q_lora_rank": 96}
+    other = spec_from_dict({**FIELDS, **same_decode, "softmax_scale": 0.5})
+    assert tuning.kernel_geometry("decode", other) == tuning.kernel_geometry("decode", spec)
+    assert tuning.kernel_geometry("prefill", spec_from_dict({**FIELDS, "page_size": 64, "kv_lora_rank": 128})) == (
+        tuning.kernel_geometry("prefill", spec)
+    )
+    for field, value in (("kv_lora_rank", 128), ("qk_rope_head_dim", 32), ("page_size", 64), ("dtype", "bfloat16")):
+        changed = spec_from_dict({**FIELDS, field: value})
+        assert tuning.kernel_geometry("decode", changed) != tuning.kernel_geometry("decode", spec), field
+    with pytest.raises(ValueError, match="kernel 'combine': no tuning key"):
+        tuning.kernel_geometry("combine", spec)
+
+
+def test_selection_by_geometry_space_and_triton(tmp_path):
     spec = spec_from_dict(FIELDS)
     other = spec_from_dict({**FIELDS, "page_size": 32})
     m16 = space(spec, 16)
     installed = tuning.triton_version()
     entries = [
         entry(spec, "m16", m16[0]),
-        entry(other, "m32", m16[1]),  # another spec's hash: ignored
+        entry(other, "m32", m16[1]),  # another geometry: ignored
         entry(spec, "m32", (999, 4, 2)),  # not in the space (stale database): ignored
         entry(spec, "m16", m16[1], gpu="NVIDIA H200", triton="0.1.0"),
         entry(spec, "m16", m16[2], gpu="NVIDIA H200", triton="0.2.0"),  # newest when the installed is absent
         entry(spec, "m64", m16[0], gpu="NVIDIA H200", triton="99.0.0"),
         entry(spec, "m64", space(spec, 64)[0], gpu="NVIDIA H200", triton=installed),  # installed wins
+        entry(spec, "m64", space(spec, 64)[1], gpu="NVIDIA A100-SXM4-80GB", arch="sm80"),
+        entry(spec, "prefix", (64, 32, 4, 1), kernel="prefill"),  # the spec emits no prefill: ignored
     ]
     db = tmp_path / "db.json"
     write_db(db, entries)
     tuned = tuned_for_spec(spec, [db])
     assert tuned == {
         "decode": {
-            f"{H100}|m16": list(m16[0]),
-            "NVIDIA H200|m16": list(m16[2]),
-            "NVIDIA H200|m64": list(space(spec, 64)[0]),
+            f"sm90|{H100}|m16": list(m16[0]),
+            "sm90|NVIDIA H200|m16": list(m16[2]),
+            "sm90|NVIDIA H200|m64": list(space(spec, 64)[0]),
+            "sm80|NVIDIA A100-SXM4-80GB|m64": list(space(spec, 64)[1]),
+            # each arch's family-wide row: the entry of its first device name
+            "sm90|*|m16": list(m16[0]),
+            "sm90|*|m64": list(space(spec, 64)[0]),
+            "sm80|*|m64": list(space(spec, 64)[1]),
         }
     }
     assert tuned_for_spec(spec, []) == {}
+    # a family-wide entry, where recorded, is the family's row
+    write_db(db, [entry(spec, "m16", m16[3], gpu=tuning.FAMILY_WIDE)])
+    assert tuned_for_spec(spec, [db])["decode"]["sm90|*|m16"] == list(m16[3])
+    # a renamed spec with the same decode kernel gets the same table
+    renamed = spec_from_dict({**FIELDS, "name": "renamed", "q_lora_rank": 96, "qk_nope_head_dim": 64})
+    assert tuned_for_spec(renamed, [db]) == tuned_for_spec(spec, [db])
 
 
 def test_later_databases_override_earlier(tmp_path):
@@ -159,7 +194,12 @@ def test_later_databases_override_earlier(tmp_path):
     shipped, user = tmp_path / "shipped.json", tmp_path / "user.json"
     write_db(shipped, [entry(spec, "m16", m16[0]), entry(spec, "m32", m16[0])])
     write_db(user, [entry(spec, "m16", m16[3])])
-    assert tuned_for_spec(spec, [shipped, user])["decode"] == {f"{H100}|m16": list(m16[3]), f"{H100}|m32": list(m16[0])}
+    assert tuned_for_spec(spec, [shipped, user])["decode"] == {
+        f"sm90|{H100}|m16": list(m16[3]),
+        f"sm90|{H100}|m32": list(m16[0]),
+        "sm90|*|m16": list(m16[3]),
+        "sm90|*|m32": list(m16[0]),
+    }
 
 
 def test_db_paths(monkeypatch, tmp_path):
@@ -173,54 +213,79 @@ def test_db_paths(monkeypatch, tmp_path):
     assert tuning.user_db_path() == tmp_path / "cache" / "tuning.json"
     shipped = tuning.shipped_db_paths()
     assert ROOT / "tuning" / "h100.json" in shipped
+    bundled = [resolve_spec(name) for name in registered_specs()]
     for path in shipped:
-        for e in read_db(path):  # every shipped entry belongs to a bundled spec and is still valid
-            spec = resolve_spec(e["spec"])
-            assert e["spec_hash"] == spec.content_hash(), f"{path}: stale entry for {e['spec']}"
-            assert tuning.select_entries(spec, [e]), f"{path}: {e['spec']} {e['bucket']} {e['config']} not usable"
+        for e in read_db(path):  # every shipped entry is still usable by a bundled spec
+            users = [s.name for s in bundled if tuning.select_entries(s, [e])]
+            assert users, f"{path}: {e['kernel']} {e['geometry']} {e['bucket']} {e['config']} fits no bundled spec"
 
 
 def test_bucket_names_agree_with_generated_module(build_module):
-    module = build_module(**FIELDS)
-    spec = spec_from_dict(FIELDS)
-    valid = tuning._valid_configs(spec)["decode"]
+    module = build_module(**FIELDS, kernels=["decode", "prefill"])
+    spec = spec_from_dict({**FIELDS, "kernels": ["decode", "prefill"]})
+    valid = tuning._valid_configs(spec)
     names = {module.decode_bucket(m, small) for m in module.DECODE_SPACE for small in (False, True)}
-    assert names == set(valid)
+    assert names == set(valid["decode"])
     for m, cfgs in module.DECODE_SPACE.items():
         for small in (False, True):
-            assert valid[module.decode_bucket(m, small)] == {tuple(c) for c in cfgs}
+            assert valid["decode"][module.decode_bucket(m, small)] == {tuple(c) for c in cfgs}
+    assert set(valid["prefill"]) == set(tuning.PREFILL_BUCKETS) == {"causal", "prefix"}
+    assert all(configs == {tuple(c) for c in module.PREFILL_SPACE} for configs in valid["prefill"].values())
 
 
-def _pretend_gpu(monkeypatch, module, name):
-    """Run the module's launch-time selection as on a GPU called `name` (still on the CPU)."""
+def _pretend_gpu(monkeypatch, module, arch, name):
+    """Run the module's launch-time selection as on a GPU of `arch` called `name` (still on the CPU)."""
     monkeypatch.setattr(module, "_INTERPRET", False)
-    monkeypatch.setattr(module, "_gpu_name", lambda device: name)
+    monkeypatch.setattr(module, "_gpu_key", lambda device: (arch, name))
     monkeypatch.setattr(module, "_sm_count", lambda device: 132)
 
 
 def test_db_entry_reaches_module_and_schedule(tmp_path, monkeypatch):
     spec = spec_from_dict(FIELDS)
     default16 = dataclasses.astuple(dict(lower(spec).decode.defaults)[16])
-    chosen = next(c for c in space(spec, 16) if c != default16)
+    chosen, for_h200 = [c for c in space(spec, 16) if c != default16][:2]
     db = tmp_path / "db.json"
-    write_db(db, [entry(spec, "m16", chosen)])
+    write_db(db, [entry(spec, "m16", chosen), entry(spec, "m16", for_h200, gpu="NVIDIA H200")])
     tuned = tuned_for_spec(spec, [db])
     source = module_source(spec, tuned)
     assert source != module_source(spec)
     module = import_module_from_path(compile_spec(spec, tmp_path / "tuned", tuned))
     tuned_table = module.DECODE_TUNED
-    assert tuned_table == {(H100, "m16"): chosen}
-    cuda = torch.device("cuda", 0)  # never touched: num_parts given, GPU name pretended
-    _pretend_gpu(monkeypatch, module, H100)
+    assert tuned_table == {
+        ("sm90", H100, "m16"): chosen,
+        ("sm90", "NVIDIA H200", "m16"): for_h200,
+        ("sm90", "*", "m16"): chosen,
+    }
+    cuda = torch.device("cuda", 0)  # never touched: num_parts given, GPU pretended
+    _pretend_gpu(monkeypatch, module, "sm90", H100)
     assert module.get_decode_schedule(64, 1, cuda, num_parts=2).config == chosen  # H=16, Sq=1: bucket m16
     assert module.get_decode_schedule(64, 2, cuda, num_parts=2).config == module.DECODE_DEFAULTS[32]  # untuned
     # the latency regime (few sequences) has its own bucket, so the large-batch winner does not leak in
     assert module.get_decode_schedule(4, 1, cuda, num_parts=2).config == module.DECODE_SMALL_DEFAULTS[16]
-    _pretend_gpu(monkeypatch, module, "NVIDIA A100-SXM4-80GB")  # unknown GPU: the default
+    _pretend_gpu(monkeypatch, module, "sm90", "NVIDIA H200")  # its own entry first
+    assert module.get_decode_schedule(64, 1, cuda, num_parts=2).config == for_h200
+    _pretend_gpu(monkeypatch, module, "sm90", "NVIDIA H100 PCIe")  # unknown device of a known family
+    assert module.get_decode_schedule(64, 1, cuda, num_parts=2).config == chosen
+    _pretend_gpu(monkeypatch, module, "sm80", "NVIDIA A100-SXM4-80GB")  # unknown family: the default
     assert module.get_decode_schedule(64, 1, cuda, num_parts=2).config == module.DECODE_DEFAULTS[16]
     monkeypatch.undo()
     # under the interpreter (no GPU): the interpreter's configuration, never a tuned one
     assert module.get_decode_schedule(4, 1, torch.device("cpu")).config == module.DECODE_INTERPRETER_CONFIG
+
+
+def test_prefill_entries_reach_prefill_config(tmp_path, monkeypatch):
+    fields = {**FIELDS, "kernels": ["prefill"]}
+    spec = spec_from_dict(fields)
+    configs = [c.as_tuple() for c in lower(spec).prefill.space if c != lower(spec).prefill.default]
+    causal, prefix = configs[:2]
+    db = tmp_path / "db.json"
+    write_db(db, [entry(spec, "causal", causal, kernel="prefill"), entry(spec, "prefix", prefix, kernel="prefill")])
+    module = import_module_from_path(compile_spec(spec, tmp_path / "tuned", tuned_for_spec(spec, [db])))
+    cuda = torch.device("cuda", 0)
+    _pretend_gpu(monkeypatch, module, "sm90", "NVIDIA H100 NVL")
+    assert module.prefill_config(cuda, "causal") == causal and module.prefill_config(cuda, "prefix") == prefix
+    _pretend_gpu(monkeypatch, module, "sm100", "NVIDIA B200")
+    assert module.prefill_config(cuda, "causal") == module.PREFILL_DEFAULT
 
 
 def test_load_renders_the_tuning_database_in(tmp_path, monkeypatch):
@@ -233,7 +298,7 @@ def test_load_renders_the_tuning_database_in(tmp_path, monkeypatch):
     write_db(tmp_path / "user.json", [entry(spec, "m32", chosen)])
     tuned = mlagen_compiler.load(spec)  # the database is part of the key: a new entry
     tuned_table = tuned.DECODE_TUNED
-    assert tuned is not untuned and tuned_table == {(H100, "m32"): chosen}
+    assert tuned is not untuned and tuned_table == {("sm90", H100, "m32"): chosen, ("sm90", "*", "m32"): chosen}
     assert mlagen_compiler.load(spec, tuning_dbs=[]) is untuned
 
 
@@ -247,9 +312,102 @@ def test_compile_cli_uses_shipped_database(tmp_path, monkeypatch):
         result = runner.invoke(app, ["compile", "deepseek-v3-tp8", "-o", str(tmp_path / which), "--tuning", which])
         assert result.exit_code == 0, result.output
     shipped = tuned_for_spec(spec, tuning.shipped_db_paths())
+    assert shipped["decode"]  # the shipped database has entries for this spec
     assert (tmp_path / "shipped" / "deepseek_v3_tp8.py").read_text() == module_source(spec, shipped)
     assert "'Some GPU'" in (tmp_path / "all" / "deepseek_v3_tp8.py").read_text()
     assert (tmp_path / "none" / "deepseek_v3_tp8.py").read_text() == module_source(spec)
+
+
+def test_renamed_copy_of_a_bundled_spec_compiles_to_the_same_kernels_and_tables(tmp_path):
+    """The bundled module and a renamed copy's differ only in lines naming the spec or its hash."""
+    copy_dir = tmp_path / "specs"
+    copy_dir.mkdir()
+    text = (ROOT / "specs" / "deepseek-v3-tp8.yaml").read_text()
+    assert "name: deepseek-v3-tp8\n" in text
+    (copy_dir / "my-model.yaml").write_text(text.replace("name: deepseek-v3-tp8\n", "name: my-model\n"))
+    args = ["compile", "my-model", "--spec-dir", str(copy_dir), "-o", str(tmp_path), "--tuning", "shipped"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    original, copy = resolve_spec("deepseek-v3-tp8"), resolve_spec("my-model", [copy_dir])
+    naming = (original.name, copy.name, original.content_hash(), copy.content_hash())
+    bundled = (ROOT / "generated" / "deepseek_v3_tp8.py").read_text().splitlines()
+    renamed = (tmp_path / "my_model.py").read_text().splitlines()
+    assert len(bundled) == len(renamed)
+    differing = [(a, b) for a, b in zip(bundled, renamed, strict=True) if a != b]
+    assert differing  # the name and hash are in the module
+    for a, b in differing:
+        assert any(n in a for n in naming) and any(n in b for n in naming), (a, b)
+    assert any(line.startswith("DECODE_TUNED = {('sm90'") for line in renamed)  # tuned tables, the same ones
+
+
+def _v1_entry(spec_name, bucket, config, candidates, gpu=H100, **extra):
+    """A schema-1 entry (keyed by the spec's hash) of a bundled spec, as `mlagen tune` wrote them."""
+    spec = resolve_spec(spec_name)
+    return {
+        "kernel": "decode",
+        "spec": spec_name,
+        "spec_hash": spec.content_hash(),
+        "gpu": gpu,
+        "triton": "3.6.0",
+        "bucket": bucket,
+        "config": list(config),
+        "default_config": [32, 4, 3],
+        "candidates": [[list(c), t] for c, t in candidates],
+        "seqlen_q": 1,
+        **extra,
+    }
+
+
+def test_migration_derives_keys_from_the_named_specs_and_pools_shared_keys(tmp_path):
+    default, other = (32, 4, 3), (64, 8, 2)
+    old = [
+        _v1_entry("mistral-small-4", "m32", (128, 4, 2), [((128, 4, 2), 184.0), ((32, 4, 3), 202.8)]),
+        # deepseek-v3-tp8 and deepseek-v2-lite have one decode kernel: their measurements are pooled
+        _v1_entry("deepseek-v3-tp8", "m16", default, [(default, 270.0), (other, 285.0)]),
+        _v1_entry("deepseek-v2-lite", "m16", other, [(other, 286.0), (default, 295.0)]),
+    ]
+    v1 = tmp_path / "v1.json"
+    v1.write_text(json.dumps({"schema": 1, "entries": old}))
+    with pytest.raises(TuningDBError, match="schema 1, expected 2"):
+        read_db(v1)
+    result = CliRunner().invoke(app, ["tuning", "migrate", str(v1), "-o", str(tmp_path / "v2.json")])
+    assert result.exit_code == 0, result.output
+    mistral, deepseek = read_db(tmp_path / "v2.json")
+    assert tuning.entry_key(mistral) == ("decode", "dc256-dr64-page64-bfloat16", "m32", "sm90", H100, "3.6.0")
+    assert mistral["config"] == [128, 4, 2]  # a key measured once keeps its configuration
+    assert tuning.entry_key(deepseek)[:4] == ("decode", "dc512-dr64-page64-bfloat16", "m16", "sm90")
+    # geometric means: default sqrt(270 * 295) = 282.2 < other sqrt(285 * 286) = 285.5
+    assert deepseek["config"] == list(default) and deepseek["time_us"] == round((270.0 * 295.0) ** 0.5, 2)
+    assert [m["spec"] for m in deepseek["measured_with"]] == ["deepseek-v3-tp8", "deepseek-v2-lite"]
+    assert [m["config"] for m in deepseek["migrated_from"]] == [list(default), list(other)]
+    # nothing lost on the way: the migrated database reaches the modules of every spec with that kernel
+    for name in ("deepseek-v3-tp8", "deepseek-v2-lite", "deepseek-v3-tp1"):
+        tuned = tuned_for_spec(resolve_spec(name), [tmp_path / "v2.json"])
+        assert tuned["decode"][f"sm90|{H100}|m16"] == list(default)
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (dict(gpu="Mystery GPU 9000"), "unknown GPU 'Mystery GPU 9000': give its family, e.g. --gpu-arch"),
+        (dict(spec_hash="0" * 64), "spec 'deepseek-v3-tp8' has changed since"),
+        (dict(spec="no-such-spec"), "entries\\[0\\]: spec 'no-such-spec': "),
+    ],
+)
+def test_migration_errors_name_the_entry(tmp_path, change, fragment):
+    v1 = tmp_path / "v1.json"
+    v1.write_text(
+        json.dumps({"schema": 1, "entries": [{**_v1_entry("deepseek-v3-tp8", "m16", (32, 4, 3), []), **change}]})
+    )
+    with pytest.raises(TuningDBError, match=fragment) as info:
+        tuning.migrate_db(v1)
+    assert str(info.value).startswith(f"{v1}: entries[0]") and "\n" not in str(info.value)
+    result = CliRunner().invoke(app, ["tuning", "migrate", str(v1), "--gpu-arch", "Mystery GPU 9000=sm90"])
+    if "gpu" in change:  # the family given on the command line
+        assert result.exit_code == 0, result.output
+        assert read_db(v1)[0]["arch"] == "sm90"
+    else:
+        assert result.exit_code == 2 and result.output.count("\n") == 1
 
 
 def test_tune_without_gpu_is_one_line_error():
@@ -262,8 +420,19 @@ def test_tune_without_gpu_is_one_line_error():
 
 
 def test_parse_cases():
-    assert [c.name for c in parse_cases("quick")] == ["b64-s4k"]
-    assert [c.name for c in parse_cases("standard,b64-s4k,b16-s16k")] == ["b16-s16k", "b128-s8k", "b64-s4k"]
+    assert [c.name for c in parse_cases("quick")] == ["b64-s4k", "b1-s8k", "pf-b1-s4k-p28k"]
+    assert [c.name for c in parse_cases("b64-s4k,standard,b16-s16k")] == [
+        "b64-s4k",
+        "b16-s16k",
+        "b128-s8k",
+        "b1-s8k",
+        "b4-s16k",
+        "pf-b1-s4k-p28k",
+        "pf-b4-s8k-p8k",
+    ]
+    for name in CASE_SETS:  # every set tunes large and latency-regime decode batches, and prefill
+        kinds = {(c.kernel, c.batch <= 8) for c in parse_cases(name)}
+        assert {("decode", False), ("decode", True), ("prefill", True)} <= kinds, name
     with pytest.raises(ValueError, match="no case"):
         parse_cases(" , ")
 
@@ -284,22 +453,45 @@ def test_tuning_inputs_are_realistic(build_module):
         assert (inputs[name] != 0).float().mean() > 0.99 and inputs[name].dtype == module.DTYPE
     assert inputs["cache_seqlens"].tolist() == seqlens
     for c in CASES.values():
-        assert c.batch >= 16 and c.mean_seqlen >= 4096
+        assert c.mean_seqlen >= 4096 and (c.batch >= 16 or c.batch <= 8 or c.kernel == "prefill")
 
 
-def test_buckets_cover_sq_1_2_4(build_module):
+def test_decode_buckets_cover_sq_1_2_4_and_the_latency_regime(build_module):
     module = build_module(**FIELDS)  # H = 16: Sq 1, 2, 4 -> 16, 32, 64 rows
-    buckets = decode_buckets(module, torch.device("cpu"))
-    assert [(b.bucket, b.seqlen_q) for b in buckets] == [("m16", 1), ("m32", 2), ("m64", 4)]
+    large, small = CASES["b128-s8k"], CASES["b1-s8k"]
+    buckets = decode_buckets(module, [large, small, CASES["pf-b1-s4k-p28k"]], torch.device("cpu"))
+    assert [(b.bucket, b.seqlen_q, b.cases) for b in buckets] == [
+        ("m16", 1, (large,)),
+        ("m16-small", 1, (small,)),  # few sequences: 16-row blocks whatever Sq, so reached once
+        ("m32", 2, (large,)),
+        ("m64", 4, (large,)),
+    ]
+    small_bucket = buckets[1]
+    assert small_bucket.default == tuple(module.DECODE_SMALL_DEFAULTS[16]) and small_bucket.block_m == 16
     wide = build_module(**{**FIELDS, "num_heads": 128})
-    assert [(b.bucket, b.seqlen_q) for b in decode_buckets(wide, torch.device("cpu"))] == [("m64", 1)]
+    assert [(b.bucket, b.seqlen_q) for b in decode_buckets(wide, [large, small], torch.device("cpu"))] == [
+        ("m64", 1),
+        ("m64-small", 1),
+    ]
+
+
+def test_prefill_buckets_causal_and_prefix(build_module):
+    module = build_module(**FIELDS, kernels=["decode", "prefill"])
+    plain = TuneCase("p", 2, 64, kernel="prefill")
+    buckets = prefill_buckets(module, [CASES["b1-s8k"], plain, CASES["pf-b1-s4k-p28k"]])
+    assert [(b.bucket, b.cases) for b in buckets] == [
+        ("causal", (plain, CASES["pf-b1-s4k-p28k"])),
+        ("prefix", (CASES["pf-b1-s4k-p28k"],)),  # only cases with a prefix
+    ]
+    assert buckets[0].default == tuple(module.PREFILL_DEFAULT)
+    assert prefill_buckets(build_module(**FIELDS), [plain]) == []  # no prefill kernel
 
 
 def _result(default, times):
     results = [ConfigResult(cfg, "ok" if t is not None else "failed", {"c": t} if t else {}) for cfg, t in times]
-    spec = spec_from_dict(FIELDS)
     case = TuneCase("c", 16, 4096)
-    return BucketResult("tune-me", spec.content_hash(), "decode", "m16", 16, 1, H100, "3.6.0", [case], default, results)
+    geometry = tuning.kernel_geometry("decode", spec_from_dict(FIELDS))
+    return BucketResult("tune-me", 16, "decode", geometry, "m16", 1, "sm90", H100, "3.6.0", [case], default, results)
 
 
 def test_winner_keeps_default_unless_clearly_faster():
@@ -317,64 +509,92 @@ def test_entries_from_results_are_valid_db_entries(tmp_path):
     entries = entries_from_results([r, _result(d, [(d, None)])])  # the second has no winner: no entry
     assert len(entries) == 1
     e = entries[0]
+    assert tuning.entry_key(e) == ("decode", "dc64-dr16-page16-float16", "m16", "sm90", H100, "3.6.0")
     assert e["config"] == list(a) and e["time_us"] == 80.0 and e["default_time_us"] == 100.0
+    assert e["measured_with"] == [{"spec": "tune-me", "num_heads": 16, "seqlen_q": 1}]
     assert e["candidates"][0] == [list(a), 80.0] and e["skipped"][0][:2] == [[128, 8, 1], "failed"]
     write_db(tmp_path / "db.json", entries)
     assert read_db(tmp_path / "db.json") == entries
 
 
-PINNED = {**FIELDS, "name": "tune-pinned", "tiles": {"decode": {"block_m": 16, "num_warps": 4, "num_stages": 1}}}
+PINNED = {
+    **FIELDS,
+    "name": "tune-pinned",
+    "num_heads": 2,
+    "kernels": ["decode", "prefill"],
+    "tiles": {
+        "decode": {"block_m": 16, "num_warps": 4, "num_stages": 1},
+        "prefill": {"block_m": 64, "num_warps": 4, "num_stages": 1},
+    },
+}
+#: a serving-size batch (m16) and a latency-regime one (m16-small) of decode, and a prefill case
+TINY_CASES = [TuneCase("tiny", 9, 40), TuneCase("tiny-few", 3, 40), TuneCase("tiny-pf", 2, 24, False, "prefill", 20)]
+
+
+def _fake_clock(module, bucket, inputs, config, **_):
+    """do_bench needs CUDA: larger key tiles (block_n, third from the end of either kind) are 'faster'."""
+    return 100.0 - config[-3] / 8
 
 
 def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
     """The whole `mlagen tune` flow after the GPU check, on the CPU: real kernel runs checked against the
-    reference, a fake clock instead of do_bench (which needs CUDA), database written and picked up."""
+    reference, a fake clock instead of do_bench, database written and picked up, each kernel tuned once."""
     from mlagen_compiler import cli_tools, tuner
 
     spec = spec_from_dict(PINNED)
-    monkeypatch.setattr(tuner, "time_config", lambda module, inputs, config, **_: 100.0 - config[0] / 8)
+    copy = spec_from_dict({**PINNED, "name": "tune-pinned-copy", "q_lora_rank": 64})  # the same kernels
+    monkeypatch.setattr(tuner, "time_config", _fake_clock)
     db = tmp_path / "db.json"
-    ok = cli_tools.run_tune(
-        [spec],
-        [TuneCase("tiny", 3, 40)],
-        db_path=db,
-        jobs=0,
-        warmup_ms=1,
-        rep_ms=1,
-        seed=0,
-        device=torch.device("cpu"),
-    )
+
+    def tune():
+        return tuner.tune_specs([spec, copy], TINY_CASES, db_path=db, jobs=0, device=torch.device("cpu"))
+
+    report = tune()
+    cli_tools.print_tune_report(report)
     out = capsys.readouterr()
-    assert ok, out.err
-    (e,) = read_db(db)
-    assert (e["spec"], e["bucket"], e["config"], e["gpu"]) == ("tune-pinned", "m16", [128, 4, 1], "interpreter")
-    default = dataclasses.astuple(dict(lower(spec).decode.defaults)[16])
-    default_us = 100.0 - default[0] / 8
-    assert e["time_us"] == 84.0 and e["default_config"] == list(default) and e["default_time_us"] == default_us
-    space = [list(dataclasses.astuple(c)) for c in dict(lower(spec).decode.space)[16]]
-    assert [c[0] for c in e["candidates"]] == sorted(space, key=lambda c: -c[0])
-    assert "tune-pinned" in out.out and f"{default_us / 84:.3f}x" in out.out and "wrote 1 entries" in out.out
+    assert report.ok, out.err
+    entries = {(e["kernel"], e["bucket"]): e for e in read_db(db)}
+    assert set(entries) == {("decode", "m16"), ("decode", "m16-small"), ("prefill", "causal"), ("prefill", "prefix")}
+    assert len(report.shared) == 4 and all("same kernel as tune-pinned" in line for line in report.shared)
+    for (kernel, _), e in entries.items():
+        assert e["arch"] == e["gpu"] == "interpreter" and e["geometry"] == tuning.kernel_geometry(kernel, spec)
+        assert e["measured_with"][0]["spec"] == "tune-pinned" and e["config"][-3] == 128 and e["time_us"] == 84.0
+    decode_default = dataclasses.astuple(dict(lower(spec).decode.defaults)[16])
+    small_default = dataclasses.astuple(dict(lower(spec).decode.small_batch_defaults)[16])
+    assert entries["decode", "m16"]["default_config"] == list(decode_default)
+    assert entries["decode", "m16-small"]["default_config"] == list(small_default)
+    assert entries["prefill", "causal"]["default_config"] == list(lower(spec).prefill.default.as_tuple())
+    space16 = [list(dataclasses.astuple(c)) for c in dict(lower(spec).decode.space)[16]]
+    assert [c[0] for c in entries["decode", "m16"]["candidates"]] == sorted(space16, key=lambda c: -c[0])
+    default_us = 100.0 - decode_default[0] / 8
+    assert "tune-pinned" in out.out and f"{default_us / 84:.3f}x" in out.out and "wrote 4 entries" in out.out
     # a configuration giving wrong results is never chosen, and the run says so
     real_check = tuner._check_config
     monkeypatch.setattr(
         tuner,
         "_check_config",
-        lambda module, inputs, cfg, ref: "bad" if cfg[0] == 128 else real_check(module, inputs, cfg, ref),
+        lambda module, bucket, inputs, cfg, ref: (
+            "bad" if cfg[-3] == 128 else real_check(module, bucket, inputs, cfg, ref)
+        ),
     )
-    ok = cli_tools.run_tune(
-        [spec], [TuneCase("tiny", 3, 40)], db_path=db, jobs=0, warmup_ms=1, rep_ms=1, seed=0, device=torch.device("cpu")
-    )
+    report = tune()
+    cli_tools.print_tune_report(report)
     out = capsys.readouterr()
-    assert not ok and "WRONG RESULTS: tune-pinned m16 (128, 4, 1)" in out.err
-    assert read_db(db)[0]["config"] == [64, 4, 1]  # the fastest that is right
+    assert not report.ok and "WRONG RESULTS: tune-pinned decode m16 (128, 4, 1)" in out.err
+    assert "WRONG RESULTS: tune-pinned prefill causal (64, 128, 4, 1)" in out.err
+    assert all(e["config"][-3] == 64 for e in read_db(db))  # the fastest that is right
 
 
 def test_warm_up_compiles_in_worker_processes(tmp_path):
     from mlagen_compiler.tuner import WarmUpTask, warm_up
 
-    path = str(compile_spec(spec_from_dict(PINNED), tmp_path))
-    good = WarmUpTask(path, 2, 1, (32, 4, 1), "cpu")
-    bad = WarmUpTask(path, 2, 1, (32, 4), "cpu")  # not a configuration: reported, not raised
+    module_path = compile_spec(spec_from_dict(PINNED), tmp_path)
+    module = import_module_from_path(module_path)
+    (decode,) = decode_buckets(module, TINY_CASES[:1], torch.device("cpu"))
+    causal = prefill_buckets(module, TINY_CASES[2:])[0]
+    good = WarmUpTask(str(module_path), decode, 2, (32, 4, 1), "cpu")
+    good_prefill = WarmUpTask(str(module_path), causal, 2, (64, 32, 4, 1), "cpu")
+    bad = WarmUpTask(str(module_path), decode, 2, (32, 4), "cpu")  # not a configuration: reported, not raised
     seen = []
-    failures = warm_up([good, bad], jobs=2, advance=seen.append)
-    assert list(failures) == [bad] and "config" in failures[bad] and len(seen) == 2
+    failures = warm_up([good, good_prefill, bad], jobs=2, advance=seen.append)
+    assert list(failures) == [bad] and "config" in failures[bad] and len(seen) == 3
