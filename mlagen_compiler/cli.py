@@ -164,6 +164,10 @@ def verify_command(
 
 cli_tools.register(app)  # tune, tuning, env, cache
 
+from .integrations.cli import register as _register_hf  # noqa: E402  (spec-from-hf)
+
+_register_hf(app, one_line_errors, UsageError)
+
 
 @app.callback(invoke_without_command=True)
 def _root(

@@ -1,0 +1,394 @@
+"""The transformers integration: tiny random DeepSeek-V3 / V2 models patched onto mlagen kernels, compared
+with the same models unpatched (transformers' eager attention, float32 weights) step by step.
+
+The patched model runs its kernels in the spec dtype (fp16 or bf16) and everything else in float32, so
+logits differ from the float32 model by the rounding of the kernels' inputs. Tolerances, fixed per dtype
+before any run: every logit within 8 * eps(dtype) * max|logit| of the reference, and the whole logit
+tensor within 2 * eps(dtype) relative (Frobenius) error.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
+from transformers.cache_utils import DynamicCache  # noqa: E402
+
+from mlagen_compiler import load_spec  # noqa: E402
+from mlagen_compiler.integrations import transformers as hf  # noqa: E402
+from mlagen_compiler.integrations.transformers import PagedMLACache, patch_model, spec_from_config  # noqa: E402
+from mlagen_compiler.plan import softmax_scale_of  # noqa: E402
+
+EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
+VOCAB = 96
+PAD = 0
+TINY = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=2,
+    num_key_value_heads=2, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=16, v_head_dim=16,
+    max_position_embeddings=256, initializer_range=0.2, pad_token_id=PAD, bos_token_id=None, eos_token_id=None,
+)  # fmt: skip
+# all layers dense: MoE routing is a discontinuous top-k that rounding could flip, hiding attention errors
+V3_ONLY = dict(
+    q_lora_rank=32, first_k_dense_replace=2, moe_intermediate_size=32, n_routed_experts=4, num_experts_per_tok=2,
+    n_group=1, topk_group=1, num_mtp_layers=0,
+    rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                     "original_max_position_embeddings": 64},
+)  # fmt: skip
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path_factory, monkeypatch):
+    """load() compiles into a cache of this test session, not the user's."""
+    monkeypatch.setenv("MLAGEN_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "mlagen-cache"))
+
+
+def tiny_v3(seed: int = 0, **overrides) -> DeepseekV3ForCausalLM:
+    torch.manual_seed(seed)
+    config = DeepseekV3Config(**{**TINY, **V3_ONLY, **overrides}, attn_implementation="eager")
+    return DeepseekV3ForCausalLM(config).eval()
+
+
+def tiny_v2(seed: int = 0) -> DeepseekV2ForCausalLM:
+    torch.manual_seed(seed)
+    config = DeepseekV2Config(**TINY, q_lora_rank=None, first_k_dense_replace=2, attn_implementation="eager")
+    return DeepseekV2ForCausalLM(config).eval()
+
+
+def close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    eps = EPS[dtype]
+    torch.testing.assert_close(actual, expected, rtol=0, atol=8 * eps * expected.abs().max().item())
+    rel = ((actual - expected).norm() / expected.norm()).item()
+    assert rel <= 2 * eps, f"relative error {rel:.2e} over 2 * eps(dtype) = {2 * eps:.2e}"
+
+
+def patched(reference: torch.nn.Module, dtype: torch.dtype, page_size: int = 16) -> torch.nn.Module:
+    return patch_model(copy.deepcopy(reference), page_size=page_size, dtype=dtype)
+
+
+def poisoned_cache(model, **kwargs) -> PagedMLACache:
+    """A cache whose every row starts as NaN: a row read before it is written spoils the logits."""
+    cache = PagedMLACache(model, **kwargs)
+    for layer in range(len(cache.layers)):
+        cache.kv_cache(layer).fill_(float("nan"))
+    return cache
+
+
+def check_steps(model, reference, cache, lengths, batch, seed, dtype) -> None:
+    """Feed random steps of `lengths` tokens; each step's logits match the reference over the whole sequence."""
+    gen = torch.Generator().manual_seed(seed)
+    seen = torch.empty(batch, 0, dtype=torch.long)
+    with torch.no_grad():
+        for n in lengths:
+            ids = torch.randint(1, VOCAB, (batch, n), generator=gen)
+            seen = torch.cat([seen, ids], dim=1)
+            close(model(ids, past_key_values=cache).logits, reference(seen).logits[:, -n:], dtype)
+
+
+@pytest.fixture
+def modes(monkeypatch):
+    """The kernel path each model step took (prefill / chunked / decode)."""
+    seen = []
+    plan = hf._plan_step
+
+    def recording(*args, **kwargs):
+        step = plan(*args, **kwargs)
+        seen.append(step.mode)
+        return step
+
+    monkeypatch.setattr(hf, "_plan_step", recording)
+    return seen
+
+
+# ---- spec_from_config --------------------------------------------------------------------------------------
+DEEPSEEK_V3 = {  # the MLA fields of DeepSeek-V3's public config.json
+    "model_type": "deepseek_v3", "num_attention_heads": 128, "kv_lora_rank": 512, "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64, "qk_nope_head_dim": 128, "v_head_dim": 128, "torch_dtype": "bfloat16",
+    "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0, "beta_fast": 32,
+                     "beta_slow": 1, "original_max_position_embeddings": 4096},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4, 8])
+def test_deepseek_v3_config_gives_the_bundled_specs(tp):
+    assert spec_from_config(DEEPSEEK_V3, tp_size=tp) == load_spec(f"specs/deepseek-v3-tp{tp}.yaml")
+
+
+@given(
+    heads=st.sampled_from([1, 2, 4, 6, 8, 16]),
+    tp=st.sampled_from([1, 2, 4]),
+    dims=st.tuples(*[st.sampled_from([16, 32, 64])] * 3),
+    rope=st.sampled_from(["default", "yarn"]),
+    factor=st.floats(0.5, 64),
+    mscale_all_dim=st.sampled_from([0.0, 0.707, 1.0]),
+    interleave=st.booleans(),
+)
+def test_softmax_scale_is_the_models_own(heads, tp, dims, rope, factor, mscale_all_dim, interleave):
+    """The spec's scale equals transformers' DeepseekV3Attention.scaling for the same config."""
+    dr, dn, dv = dims
+    rope_parameters = {"rope_type": rope, "rope_theta": 10000.0}
+    if rope == "yarn":
+        rope_parameters.update(factor=factor, mscale=1.0, mscale_all_dim=mscale_all_dim,
+                               original_max_position_embeddings=64)  # fmt: skip
+    config = DeepseekV3Config(
+        num_attention_heads=heads, num_key_value_heads=heads, kv_lora_rank=64, q_lora_rank=None,
+        qk_rope_head_dim=dr, qk_nope_head_dim=dn, v_head_dim=dv, hidden_size=32, rope_parameters=rope_parameters,
+        rope_interleave=interleave, max_position_embeddings=256,
+    )  # fmt: skip
+    attention = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3Attention(config, 0)
+    if heads % tp:
+        with pytest.raises(ValueError, match=f"tp_size={tp} does not divide num_attention_heads={heads}"):
+            spec_from_config(config, tp_size=tp)
+        return
+    spec = spec_from_config(config, tp_size=tp)
+    assert spec.num_heads == heads // tp and (spec.qk_rope_head_dim, spec.qk_nope_head_dim, spec.v_head_dim) == dims
+    assert math.isclose(softmax_scale_of(spec), attention.scaling, rel_tol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"kv_lora_rank": None}, "not an MLA config: missing kv_lora_rank"),
+        ({"num_attention_heads": 12}, "tp_size=8 does not divide num_attention_heads=12: choose one of 1, 2, 3, 4, 6"),
+        ({"torch_dtype": "float32"}, None),  # not a kernel dtype: bfloat16 by default
+    ],
+)
+def test_spec_from_config_errors_name_the_field(change, message):
+    config = {**DEEPSEEK_V3, **change}
+    if message is None:
+        assert spec_from_config(config, tp_size=8).dtype == "bfloat16"
+        return
+    with pytest.raises(ValueError, match=message):
+        spec_from_config(config, tp_size=8)
+
+
+def test_spec_from_hf_cli(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from mlagen_compiler.cli import app
+
+    model_dir = tmp_path / "kimi"
+    model_dir.mkdir()
+    kimi = {**DEEPSEEK_V3, "model_type": "kimi_k2", "num_attention_heads": 64}
+    (model_dir / "config.json").write_text(json.dumps(kimi))
+    out = tmp_path / "kimi.yaml"
+    result = CliRunner().invoke(
+        app, ["spec-from-hf", str(model_dir), "--tp-size", "4", "--page-size", "32", "-o", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert load_spec(out) == spec_from_config(kimi, tp_size=4, page_size=32)
+    assert load_spec(out).name == "kimi-k2-tp4" and load_spec(out).num_heads == 16
+    for args, fragment in [
+        ([str(tmp_path / "none.json")], "no such file"),
+        ([str(model_dir), "--tp-size", "3"], "tp_size=3 does not divide num_attention_heads=64"),
+        ([str(out)], "not valid JSON"),
+    ]:
+        result = CliRunner().invoke(app, ["spec-from-hf", *args])
+        assert result.exit_code == 2 and fragment in result.output, result.output
+        assert result.output.startswith("mlagen: error: ") and result.output.count("\n") == 1
+
+
+# ---- the patched model, step by step ----------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_patched_v3_matches_unpatched_step_by_step(dtype, modes):
+    """Prompt, two single-token steps, a 6-token chunk and a 3-token step: logits of each step match the
+    unpatched model run over the whole sequence."""
+    reference = tiny_v3(seed=1)
+    model = patched(reference, dtype)
+    cache = poisoned_cache(model, max_batch_size=3, max_cache_len=40)
+    check_steps(model, reference, cache, (7, 1, 1, 6, 3), batch=2, seed=2, dtype=dtype)
+    assert modes == ["prefill", "decode", "decode", "chunked", "decode"]
+    assert cache.get_seq_length() == 18 and cache.lengths[:2] == [18, 18]
+
+
+def test_patched_v2_matches_unpatched(modes):
+    """DeepSeek-V2 code: complex rope, no q LoRA."""
+    reference = tiny_v2(seed=3)
+    model = patched(reference, torch.float16, page_size=8)
+    cache = poisoned_cache(model, max_batch_size=1, max_cache_len=20)
+    check_steps(model, reference, cache, (9, 1, 5), batch=1, seed=4, dtype=torch.float16)
+    assert modes == ["prefill", "decode", "chunked"]
+
+
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(p.numel() for p in prompts)
+    ids = torch.full((len(prompts), width), PAD, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - prompt.numel() :] = prompt
+        mask[row, width - prompt.numel() :] = 1
+    return ids, mask
+
+
+def test_left_padded_batch_gives_each_sequence_its_own_result(modes):
+    """Prompts of 9, 4 and 1 tokens, left-padded, then a token and then 5 tokens for each: every sequence's
+    logits equal those of the unpatched model run on that sequence alone."""
+    dtype = torch.float16
+    reference = tiny_v3(seed=5, rope_interleave=False)
+    model = patched(reference, dtype)
+    gen = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=gen) for n in (9, 4, 1)]
+    ids, mask = left_padded(prompts)
+    cache = poisoned_cache(model, max_batch_size=3, max_cache_len=32)
+    alone = [p.clone() for p in prompts]
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask, past_key_values=cache).logits
+        for row, prompt in enumerate(prompts):
+            close(logits[row, -prompt.numel() :], reference(prompt[None]).logits[0], dtype)
+        for n in (1, 5):
+            new = torch.randint(1, VOCAB, (3, n), generator=gen)
+            mask = torch.cat([mask, torch.ones_like(new)], dim=1)
+            logits = model(new, attention_mask=mask, past_key_values=cache).logits
+            for row in range(3):
+                alone[row] = torch.cat([alone[row], new[row]])
+                close(logits[row], reference(alone[row][None]).logits[0, -n:], dtype)
+    assert modes == ["prefill", "decode", "chunked"]
+    assert cache.lengths[:3] == [15, 10, 7] and cache.get_seq_length() == 15
+
+
+def robust_greedy(reference, prompt: torch.Tensor, new_tokens: int, margin: float) -> list[int] | None:
+    """The reference's greedy tokens for `prompt`, or None if some step's best two logits are within `margin`."""
+    result = reference.generate(prompt[None], max_new_tokens=new_tokens, do_sample=False, output_scores=True,
+                                return_dict_in_generate=True)  # fmt: skip
+    for scores in result.scores:
+        top2 = scores[0].topk(2).values
+        if top2[0] - top2[1] <= margin * scores.abs().max():
+            return None
+    return result.sequences[0, prompt.numel() :].tolist()
+
+
+def test_greedy_generate_is_token_identical():
+    """A left-padded batch through generate() gives each prompt the tokens the unpatched model generates for
+    it alone. The case is robust: the first of a fixed series of prompt pairs where, at every reference step,
+    the best logit leads the next by over 4 logit tolerances (so rounding cannot swap them)."""
+    dtype = torch.float16
+    reference = tiny_v3(seed=7)
+    model = patched(reference, dtype)
+    new_tokens = 6
+    with torch.no_grad():
+        for seed in range(20):
+            gen = torch.Generator().manual_seed(100 + seed)
+            prompts = [torch.randint(1, VOCAB, (n,), generator=gen) for n in (6, 3)]
+            expected = [robust_greedy(reference, p, new_tokens, margin=4 * 8 * EPS[dtype]) for p in prompts]
+            if None not in expected:
+                break
+        else:
+            pytest.fail("no robust case among 20 prompt pairs")
+        ids, mask = left_padded(prompts)
+        cache = PagedMLACache(model, max_batch_size=2, max_cache_len=16)
+        out = model.generate(
+            ids, attention_mask=mask, past_key_values=cache, max_new_tokens=new_tokens, do_sample=False
+        )
+    assert [row[ids.shape[1] :].tolist() for row in out] == expected
+
+
+def test_reorder_cache_copies_sequences():
+    """reorder_cache([1, 1]): both rows continue sequence 1, with its logits."""
+    dtype = torch.float16
+    reference = tiny_v3(seed=9)
+    model = patched(reference, dtype)
+    gen = torch.Generator().manual_seed(10)
+    prompt = torch.randint(1, VOCAB, (2, 5), generator=gen)
+    cache = poisoned_cache(model, max_batch_size=2, max_cache_len=16)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache)
+        cache.reorder_cache(torch.tensor([1, 1]))
+        new = torch.randint(1, VOCAB, (1, 1), generator=gen).expand(2, 1)
+        logits = model(new, past_key_values=cache).logits
+        expected = reference(torch.cat([prompt[1:], new[:1]], dim=1)).logits[:, -1:]
+    close(logits, expected.expand(2, 1, VOCAB), dtype)
+    cache.reset()
+    assert cache.get_seq_length() == 0 and cache.lengths == [0, 0]
+
+
+def test_misuse_is_one_clear_error():
+    reference = tiny_v3(seed=11)
+    with pytest.raises(ValueError, match="model: not patched by mlagen: call patch_model"):
+        PagedMLACache(reference, max_batch_size=1, max_cache_len=8)
+    model = patched(reference, torch.float16)
+    with pytest.raises(ValueError, match="page_size=32 is not allowed: the model was patched with page_size=16"):
+        PagedMLACache(model, max_batch_size=1, max_cache_len=8, page_size=32)
+    with pytest.raises(ValueError, match="max_cache_len=0 is not allowed"):
+        PagedMLACache(model, max_batch_size=1, max_cache_len=0)
+    ids = torch.randint(1, VOCAB, (2, 4))
+    with torch.no_grad():
+        with pytest.raises(TypeError, match="needs a PagedMLACache, got DynamicCache"):
+            model(ids, past_key_values=DynamicCache(config=model.config))
+        cache = PagedMLACache(model, max_batch_size=2, max_cache_len=6)
+        with pytest.raises(ValueError, match=r"attention_mask row 1: .* \[1, 0, 1, 1\] is not left-padded"):
+            model(ids, attention_mask=torch.tensor([[1, 1, 1, 1], [1, 0, 1, 1]]), past_key_values=cache)
+        with pytest.raises(ValueError, match="batch of 3 sequences: the PagedMLACache was made for max_batch_size=2"):
+            model(torch.randint(1, VOCAB, (3, 4)), past_key_values=cache)
+        model(ids, past_key_values=cache)
+        with pytest.raises(ValueError, match="sequence 0 would hold 7 tokens, more than max_cache_len=6"):
+            model(ids[:, :3], past_key_values=cache)
+    with pytest.raises(RuntimeError, match="outside a model forward"):
+        model.model.layers[0].self_attn(torch.randn(1, 1, 64), None, None)
+
+
+def test_forward_without_cache_runs_prefill(modes):
+    """No past_key_values (use_cache=False): one causal prefill through the kernels, padding respected."""
+    dtype = torch.float16
+    reference = tiny_v3(seed=12)
+    model = patched(reference, dtype)
+    prompts = [torch.randint(1, VOCAB, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 2)]
+    ids, mask = left_padded(prompts)
+    with torch.no_grad():
+        logits = model(ids, attention_mask=mask, use_cache=False).logits
+        for row, prompt in enumerate(prompts):
+            close(logits[row, -prompt.numel() :], reference(prompt[None]).logits[0], dtype)
+    assert modes == ["prefill"]
+
+
+# ---- custom ops ---------------------------------------------------------------------------------------------
+def test_custom_ops_pass_opcheck():
+    from mlagen_compiler import load
+    from mlagen_compiler.integrations.ops import kernel_ops
+
+    module = load(spec_from_config(tiny_v3().config, dtype="float16", page_size=16))
+    ops = kernel_ops(module)
+    assert kernel_ops(module) is ops and ops.namespace.startswith("mlagen_deepseek_v3_tp1_")
+    gen = torch.Generator().manual_seed(13)
+    h, dc, dr, dn, dv = 2, 64, 16, 16, 16
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(torch.float16)
+
+    kv = rand(4, 16, 1, dc + dr)
+    block_table = torch.tensor([[2, 0], [3, 1]], dtype=torch.int32)
+    lens = torch.tensor([20, 9], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
+    scale = module.SOFTMAX_SCALE
+    torch.library.opcheck(ops.decode, (rand(2, 1, h, dc + dr), kv, block_table, lens, scale))
+    mha = (rand(5, h, dn + dr), rand(5, h, dn), rand(5, dr), rand(5, h, dv), cu, 3)
+    torch.library.opcheck(ops.prefill, (*mha, scale))
+    torch.library.opcheck(
+        ops.chunked_prefill, (*mha, kv, block_table, lens, rand(h, dn, dc), rand(h, dv, dc), scale, 29)
+    )
+    slots = torch.tensor([5, -1, 40], dtype=torch.int64)
+    torch.library.opcheck(ops.cache_write, (rand(3, dc), rand(3, dr), kv, slots))
+    out = ops.decode(rand(2, 1, h, dc + dr), kv, block_table, lens, scale)
+    assert out.shape == (2, 1, h, dc) and out.dtype == torch.float16 and torch.isfinite(out).all()
+
+
+def test_torch_compile_traces_patched_attention_without_graph_breaks(modes):
+    """Each layer's patched attention compiled with fullgraph=True (a graph break would raise): the prompt,
+    a decode step and a chunk give the eager model's logits."""
+    torch._dynamo.reset()
+    dtype = torch.float16
+    reference = tiny_v3(seed=14)
+    model = patched(reference, dtype)
+    for layer in model.model.layers:
+        layer.self_attn.forward = torch.compile(layer.self_attn.forward, fullgraph=True, backend="aot_eager")
+    cache = PagedMLACache(model, max_batch_size=2, max_cache_len=24)
+    check_steps(model, reference, cache, (6, 1, 5), batch=2, seed=15, dtype=dtype)
+    assert modes == ["prefill", "decode", "chunked"]
