@@ -23,6 +23,13 @@ FIELDS = dict(
 )
 
 
+DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")  # as in conftest
+
+
+def on_device(*tensors):
+    return tuple(t.to(DEVICE) for t in tensors)
+
+
 @pytest.fixture
 def module(build_module):
     return build_module(**FIELDS)
@@ -40,7 +47,7 @@ def mha(module, lengths, seed=0):
     for n in lengths:
         bounds.append(bounds[-1] + n)
     cu = torch.tensor(bounds, dtype=torch.int32)
-    return rnd(total, h, dn + dr), rnd(total, h, dn), rnd(total, dr), rnd(total, h, dv), cu
+    return on_device(rnd(total, h, dn + dr), rnd(total, h, dn), rnd(total, dr), rnd(total, h, dv), cu)
 
 
 @pytest.mark.parametrize(
@@ -60,7 +67,7 @@ def mha(module, lengths, seed=0):
 @pytest.mark.parametrize("kernel", ["prefill", "chunked"])
 def test_prefill_token_bounds(module, cu, max_seqlen, message, kernel):
     q, k_nope, k_pe, v, _ = mha(module, [3, 5])
-    cu = torch.tensor(cu, dtype=torch.int32)
+    cu = torch.tensor(cu, dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         if kernel == "prefill":
             module.mla_prefill(q, k_nope, k_pe, v, cu, max_seqlen)
@@ -80,7 +87,7 @@ def chunked_extras(module, batch, prefix_len=5, num_pages=6):
     prefix = torch.full((batch,), prefix_len, dtype=torch.int32)
     w_uk = (torch.randn(h, dn, dc, generator=g) / dc**0.5).to(module.DTYPE)
     w_uv = (torch.randn(h, dv, dc, generator=g) / dc**0.5).to(module.DTYPE)
-    return cache, table, prefix, w_uk, w_uv
+    return on_device(cache, table, prefix, w_uk, w_uv)
 
 
 @pytest.mark.parametrize(
@@ -154,11 +161,13 @@ def test_unused_block_table_entries_are_not_checked(module):
 )
 def test_cache_write_slots(module, slots, message):
     g = torch.Generator().manual_seed(2)
-    cache = torch.randn(6, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
+    cache = torch.randn(6, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE).to(DEVICE)
     before = cache.clone()
-    c_kv, k_pe = torch.randn(3, 64, generator=g).to(module.DTYPE), torch.randn(3, 16, generator=g).to(module.DTYPE)
+    c_kv, k_pe = on_device(
+        torch.randn(3, 64, generator=g).to(module.DTYPE), torch.randn(3, 16, generator=g).to(module.DTYPE)
+    )
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
-        module.mla_cache_write(c_kv, k_pe, cache, torch.tensor(slots, dtype=torch.int64))
+        module.mla_cache_write(c_kv, k_pe, cache, torch.tensor(slots, dtype=torch.int64, device=DEVICE))
     assert torch.equal(cache, before)  # nothing written
 
 
@@ -170,7 +179,7 @@ def test_scales_must_be_finite_numbers(module, scale):
     g = torch.Generator().manual_seed(3)
     kv = torch.randn(4, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
     dq = torch.randn(1, 1, module.NUM_HEADS, 80, generator=g).to(module.DTYPE)
-    args = (dq, kv, torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([6], dtype=torch.int32))
+    args = on_device(dq, kv, torch.tensor([[2, 0]], dtype=torch.int32), torch.tensor([6], dtype=torch.int32))
     with pytest.raises(ValueError, match=r"^softmax_scale: must be a finite number, got "):
         module.mla_decode(*args, softmax_scale=scale)
 
@@ -199,7 +208,7 @@ def decode_args(module, lengths, seed=4):
     table, num_pages = paged_block_table([max(lengths)] * len(lengths), module.PAGE_SIZE, g, spare_pages=1)
     kv = torch.randn(num_pages, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE)
     q = torch.randn(len(lengths), 1, module.NUM_HEADS, 80, generator=g).to(module.DTYPE)
-    return q, kv, table, torch.tensor(lengths, dtype=torch.int32)
+    return on_device(q, kv, table, torch.tensor(lengths, dtype=torch.int32))
 
 
 @pytest.mark.parametrize(
