@@ -6,6 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-/tmp}
 export MLAGEN_VALIDATE=1 PYTHONUNBUFFERED=1
+limit=${SANITIZE_TIMEOUT_S:-600}  # per tool
 python3 benchmarks/sanitize_cases.py "$@" > "$out/sanitize-plain.log" 2>&1
 echo "plain run: exit $? ($(tail -1 "$out/sanitize-plain.log"))"
 status=0
@@ -13,7 +14,7 @@ for tool in memcheck racecheck synccheck initcheck; do
   extra=()
   # initcheck: torch's caching allocator hands out memory it did not initialise; only kernel reads count
   [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
-  compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 --target-processes all \
+  timeout "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 --target-processes all \
     python3 benchmarks/sanitize_cases.py "$@" > "$out/sanitize-$tool.log" 2>&1
   rc=$?
   summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out/sanitize-$tool.log" | tail -1)
