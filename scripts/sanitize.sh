@@ -10,11 +10,8 @@ limit=${SANITIZE_TIMEOUT_S:-600}  # per tool
 python3 benchmarks/sanitize_cases.py "$@" > "$out/sanitize-plain.log" 2>&1
 echo "plain run: exit $? ($(tail -1 "$out/sanitize-plain.log"))"
 status=0
-for tool in memcheck racecheck synccheck initcheck; do
-  extra=()
-  # initcheck: torch's caching allocator hands out memory it did not initialise; only kernel reads count
-  [ "$tool" = initcheck ] && extra=(--track-unused-memory no)
-  timeout "$limit" compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 9 --target-processes all \
+for tool in ${SANITIZE_TOOLS:-memcheck racecheck synccheck initcheck}; do
+  timeout "$limit" compute-sanitizer --tool "$tool" --error-exitcode 9 --target-processes all \
     python3 benchmarks/sanitize_cases.py "$@" > "$out/sanitize-$tool.log" 2>&1
   rc=$?
   summary=$(grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$out/sanitize-$tool.log" | tail -1)
