@@ -7,13 +7,16 @@ the same bytes.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
 import pprint
+from pathlib import Path
 from typing import Any
 
 import jinja2
 
+from . import launch_policy
 from ._version import __version__
 from .paths import template_dir
 from .plan import KernelPlan, TileConfig
@@ -38,11 +41,20 @@ def _environment() -> jinja2.Environment:
 
 
 def templates_digest() -> str:
-    """Hash of every template's bytes: part of what decides a generated module's content."""
+    """Hash of every template's bytes and of the launch policy emitted with them: part of what decides a
+    generated module's content."""
     digest = hashlib.sha256()
-    for path in sorted(template_dir().glob("*.jinja")):
+    for path in [*sorted(template_dir().glob("*.jinja")), Path(launch_policy.__file__)]:
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+@functools.cache
+def launch_policy_source() -> str:
+    """mlagen_compiler/launch_policy.py without its module docstring: emitted verbatim into every module."""
+    source = Path(launch_policy.__file__).read_text()
+    docstring = ast.parse(source).body[0]
+    return "".join(source.splitlines(keepends=True)[docstring.end_lineno :]).strip() + "\n"
 
 
 def _literal(value: Any) -> str:
@@ -71,6 +83,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "spec_name": spec.name,
         "spec_hash": plan.spec_hash,
         "templates_hash": templates_digest(),
+        "launch_policy": launch_policy_source(),
         "tuning_source": tuning_source(tuned),
         "spec_literal": _literal(spec.to_flat_dict()),
         "num_heads": plan.num_heads,

@@ -656,7 +656,7 @@ def tune_specs(
             module = import_module_from_path(compile_spec(spec, check_dir, tuned_for_spec(spec, [db_path])))
             for r in (r for r in results if r.spec_name == spec.name and r.chosen is not None):
                 table = module.DECODE_TUNED if r.kernel == "decode" else module.PREFILL_TUNED
-                picked = module._tuned_config(table, (r.arch, r.gpu), r.bucket, None)
+                picked = module.tuned_config(table, (r.arch, r.gpu), r.bucket, None)
                 if tuple(picked or ()) != tuple(r.chosen):
                     not_picked.append(f"{spec.name} {r.kernel} {r.bucket}: module picks {picked}, tuned {r.chosen}")
     return TuneReport(

@@ -239,3 +239,27 @@ def test_a_negative_length_cannot_disturb_the_other_sequences(module):
     keep = [0, 1, 3]
     torch.testing.assert_close(got[keep], want[keep], atol=0, rtol=0)
     assert not got[2].any() and (lse[2] == float("-inf")).all()
+
+
+def test_a_schedule_is_immutable_and_only_its_own_module_takes_it(module, build_module):
+    schedule = module.get_decode_schedule(2, 1, DEVICE)
+    with pytest.raises(AttributeError, match="DecodeSchedule is immutable"):
+        schedule.num_parts = 10**8
+    other = build_module(**{**FIELDS, "name": "bad-values-other", "num_heads": 4})
+    q, kv, table, lengths = on_device(*decode_args(other, [9, 11])[:3], torch.tensor([9, 11], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"^schedule: planned by another module \(spec [0-9a-f]{12}\), not this one"):
+        other.mla_decode(q, kv, table, lengths, schedule=schedule)
+    other.mla_decode(q, kv, table, lengths, schedule=other.get_decode_schedule(2, 1, DEVICE))
+
+
+@pytest.mark.parametrize(
+    ("knobs", "message"),
+    [
+        (dict(num_parts=10**8), r"^num_parts: must be an int in 1\.\.65535, got 100000000$"),
+        (dict(config=(48, 8, 2)), r"^config: expected \(block_n: a power of two >= 16"),
+        (dict(min_blocks_per_part=0), r"^min_blocks_per_part: must be an int >= 1, got 0$"),
+    ],
+)
+def test_schedule_knobs_are_checked_when_planned(module, knobs, message):
+    with pytest.raises(ValueError, match=message):
+        module.get_decode_schedule(2, 1, DEVICE, **knobs)

@@ -45,7 +45,8 @@ def test_generated_imports_only_torch_triton_stdlib():
 def test_spec_dict_round_trips():
     namespace: dict = {}
     source = module_source(spec_from_dict(SPEC))
-    spec_line = source[source.index("SPEC = ") : source.index("SPEC_HASH")]
+    start = source.index("\nSPEC = ")
+    spec_line = source[start : source.index("\nSPEC_HASH = ", start)]
     exec(spec_line, namespace)  # a plain literal: no imports needed
     assert spec_from_dict(namespace["SPEC"]) == spec_from_dict(SPEC)
     assert {k: namespace["SPEC"][k] for k in SPEC} == SPEC

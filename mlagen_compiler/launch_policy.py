@@ -1,0 +1,167 @@
+"""Launch policy of the generated wrappers: which decode backend, how many query rows per program, how the
+cache is split into runs, which tile configuration, which combine tile, whether tiles come through TMA.
+
+Plain Python on numbers (no torch, no triton, standard library only): unit-tested on its own
+(tests/test_launch_policy.py) and emitted verbatim into every generated module below its notation block, so
+the module stays standalone and its wrappers only gather facts (shapes, strides, SM count, capability),
+call these functions and launch. Tables (autotune spaces, defaults, tuned configurations) come from the
+plan and are passed in as arguments.
+"""
+
+#: decode backends a module may run, in order of preference
+DECODE_BACKENDS = ("gluon", "triton")
+#: the most split-KV runs one launch takes: the CUDA grid's second dimension
+MAX_NUM_PARTS = 65535
+
+
+def _policy_error(name, message):
+    return ValueError(f"{name}: {message}")
+
+
+def next_pow2(value):
+    return 1 << max(0, (int(value) - 1).bit_length())
+
+
+def cdiv(a, b):
+    return -(-a // b)
+
+
+def select_decode_backend(
+    requested,
+    *,
+    eligible,
+    ineligible_reason,
+    gluon_error,
+    interpreting,
+    capability,
+    knobs_given=False,
+    total_rows=None,
+    latency_rows=0,
+):
+    """(backend, reason): "gluon" where it can run and pays, else "triton" with the reason.
+
+    requested: "auto", "gluon" or "triton" (MLAGEN_DECODE_BACKEND or the call's backend=); forcing "gluon"
+    where it cannot run is an error naming why. eligible / ineligible_reason: the plan's geometry decision;
+    gluon_error: '' or why the installed Triton's Gluon cannot be used; capability: (major, minor) of the
+    CUDA device, or None off CUDA. "auto" also keeps the portable kernel when its knobs are given
+    (knobs_given) or the whole batch has at most latency_rows query rows (B * H * Sq): measured on the
+    H100 (S=8192, graph-replayed), B=1, H=16 ran 13.9 us portable against 21.9 us Gluon, B=8 47.7 Gluon
+    against 58.8 us.
+    """
+    if requested not in ("auto",) + DECODE_BACKENDS:
+        raise _policy_error("MLAGEN_DECODE_BACKEND", f"expected auto, gluon or triton, got {requested!r}")
+    if requested == "triton":
+        return "triton", "MLAGEN_DECODE_BACKEND=triton"
+    if not eligible:
+        why = f"geometry not taken by the Gluon decode: {ineligible_reason}"
+    elif gluon_error:
+        why = gluon_error
+    elif interpreting:
+        why = "TRITON_INTERPRET=1: Triton's interpreter cannot run Gluon kernels"
+    elif capability is None:
+        why = "not a CUDA device"
+    elif capability[0] != 9:
+        why = f"compute capability {capability[0]}.{capability[1]}: the Gluon decode is built for 9.x (Hopper)"
+    elif requested == "auto" and knobs_given:
+        return "triton", "config or block_m given: knobs of the portable kernel"
+    elif requested == "auto" and total_rows is not None and total_rows <= latency_rows:
+        return "triton", f"latency regime: {total_rows} query rows in all"
+    else:
+        return "gluon", ""
+    if requested == "gluon":
+        raise _policy_error("MLAGEN_DECODE_BACKEND", f"'gluon' cannot run here: {why}")
+    return "triton", why
+
+
+def decode_bucket(block_m, small=False):
+    """The key that tuned decode configurations are recorded under (small: the latency regime)."""
+    return f"m{block_m}-small" if small else f"m{block_m}"
+
+
+def decode_row_block(block_m, rows, batch_size, *, min_block_m, max_block_m, small_batch, small_block_m):
+    """(block_m, small): query rows per program of the portable kernel for H * Sq = rows (the caller's
+    block_m if given) and whether the batch is in the latency regime (tuned under its own buckets).
+
+    Rows are padded to a power of two within [min_block_m, max_block_m]. In the latency regime (at most
+    small_batch sequences) rows that fit one tall block go in short blocks instead: more programs, each
+    on the cheaper mma.sync path, spread the few sequences over the GPU.
+    """
+    small = batch_size <= small_batch
+    if block_m is None:
+        block_m = min(max_block_m, max(min_block_m, next_pow2(rows)))
+        if small and rows <= max_block_m:
+            block_m = small_block_m
+    return block_m, small
+
+
+def decode_num_parts(num_parts, *, sm_count, parts_per_sm, row_blocks):
+    """Split-KV runs: the caller's, else parts_per_sm programs per SM over the row blocks; checked."""
+    if num_parts is None:
+        num_parts = max(1, sm_count * parts_per_sm // row_blocks)
+    if not (isinstance(num_parts, int) and not isinstance(num_parts, bool) and 1 <= num_parts <= MAX_NUM_PARTS):
+        raise _policy_error("num_parts", f"must be an int in 1..{MAX_NUM_PARTS}, got {num_parts!r}")
+    return num_parts
+
+
+def decode_min_blocks_per_part(min_blocks_per_part, *, small, block_m, small_block_m, block_n, cost_table):
+    """Fewest cache blocks per run: the caller's, else the plan's cost rule (cost_table[(block_m, block_n)]).
+
+    Short row blocks in the latency regime take one block a run (B=1, H=16 on the H100: 13.8 us at one
+    block a run, 15.4 us at two); tall blocks keep the cost rule (B=1, H=128: 38 us at 5, 63 us at 1).
+    """
+    if min_blocks_per_part is None:
+        fine = small and block_m == small_block_m
+        min_blocks_per_part = 1 if fine else cost_table.get((block_m, block_n), 1)
+    if not (
+        isinstance(min_blocks_per_part, int) and not isinstance(min_blocks_per_part, bool) and min_blocks_per_part >= 1
+    ):
+        raise _policy_error("min_blocks_per_part", f"must be an int >= 1, got {min_blocks_per_part!r}")
+    return min_blocks_per_part
+
+
+def check_decode_config(config):
+    """(block_n, num_warps, num_stages) as a tuple of ints a launch can take, else a ValueError naming it."""
+    ok = (
+        isinstance(config, (tuple, list))
+        and len(config) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in config)
+    )
+    if ok:
+        block_n, num_warps, num_stages = config
+        ok = block_n >= 16 and next_pow2(block_n) == block_n and num_warps in (1, 2, 4, 8, 16) and num_stages >= 1
+    if not ok:
+        raise _policy_error(
+            "config",
+            f"expected (block_n: a power of two >= 16, num_warps: 1..16, a power of two, num_stages >= 1), "
+            f"got {config!r}",
+        )
+    return tuple(config)
+
+
+def tuned_config(table, gpu_key, bucket, fallback):
+    """The tuned configuration for this (arch, device name) and bucket, else the arch's ("*"), else fallback."""
+    arch, name = gpu_key
+    return table.get((arch, name, bucket), table.get((arch, "*", bucket), fallback))
+
+
+def combine_tile(batch_size, rows, dc, sm_count, tiles):
+    """((tile rows, tile columns), runs merged per step) of the combine kernel: the largest tile of `tiles`
+    ({(rows, columns): runs}) that still gives every SM a program, else the smallest."""
+    ordered = sorted(tiles.items(), reverse=True)
+    for tile, runs in ordered:
+        if batch_size * cdiv(rows, tile[0]) * cdiv(dc, tile[1]) >= sm_count:
+            return tile, runs
+    return ordered[-1]
+
+
+def decode_tile_loads(
+    *, enabled, page_size, block_n, page_stride, row_stride, width, block_m, q_tma_min_block_m, q_contiguous
+):
+    """(cache through TMA, q through TMA) for the portable decode kernel.
+
+    TMA needs every cache block inside one page and the cache viewable as one [pages * page_size, Dc + Dr]
+    matrix; q goes through TMA only where the tensor cores read it from shared memory (warpgroup MMA, row
+    blocks of q_tma_min_block_m and more: measured on the H100, 64-row blocks gain, 16-row mma.sync lose).
+    """
+    cache = enabled and page_size >= block_n and row_stride == width and page_stride == page_size * width
+    return cache, cache and block_m >= q_tma_min_block_m and q_contiguous

@@ -1,0 +1,144 @@
+"""The launch policy (mlagen_compiler/launch_policy.py): plain functions on numbers, tested without kernels,
+and emitted verbatim into every generated module."""
+
+import pytest
+
+from mlagen_compiler import launch_policy as lp
+from mlagen_compiler.compile import module_source
+from mlagen_compiler.render import launch_policy_source
+from mlagen_compiler.spec import spec_from_dict
+
+GLUON_OK = dict(eligible=True, ineligible_reason="", gluon_error="", interpreting=False, capability=(9, 0))
+
+
+def test_backend_auto_takes_gluon_where_it_runs_and_pays():
+    select = lp.select_decode_backend
+    assert select("auto", **GLUON_OK) == ("gluon", "")
+    assert select("gluon", **GLUON_OK) == ("gluon", "")
+    assert select("triton", **GLUON_OK) == ("triton", "MLAGEN_DECODE_BACKEND=triton")
+    assert select("auto", **GLUON_OK, knobs_given=True) == (
+        "triton",
+        "config or block_m given: knobs of the portable kernel",
+    )
+    assert select("auto", **GLUON_OK, total_rows=16, latency_rows=16) == (
+        "triton",
+        "latency regime: 16 query rows in all",
+    )
+    assert select("auto", **GLUON_OK, total_rows=17, latency_rows=16) == ("gluon", "")
+    # forced, the knobs and the latency regime do not overrule the caller
+    assert select("gluon", **GLUON_OK, knobs_given=True, total_rows=1, latency_rows=16) == ("gluon", "")
+
+
+@pytest.mark.parametrize(
+    ("change", "words"),
+    [
+        (dict(capability=(8, 0)), "compute capability 8.0: the Gluon decode is built for 9.x (Hopper)"),
+        (dict(capability=(10, 0)), "compute capability 10.0"),
+        (dict(capability=None), "not a CUDA device"),
+        (dict(interpreting=True), "TRITON_INTERPRET=1: Triton's interpreter cannot run Gluon kernels"),
+        (dict(gluon_error="triton 3.9.0 is not a release"), "triton 3.9.0 is not a release"),
+        (dict(eligible=False, ineligible_reason="Dc 1024"), "geometry not taken by the Gluon decode: Dc 1024"),
+    ],
+)
+def test_backend_falls_back_with_the_reason_or_refuses_when_forced(change, words):
+    backend, reason = lp.select_decode_backend("auto", **{**GLUON_OK, **change})
+    assert backend == "triton" and words in reason
+    with pytest.raises(ValueError, match=f"^MLAGEN_DECODE_BACKEND: 'gluon' cannot run here: .*{words[:20]}"):
+        lp.select_decode_backend("gluon", **{**GLUON_OK, **change})
+
+
+def test_backend_name_is_checked():
+    with pytest.raises(ValueError, match="^MLAGEN_DECODE_BACKEND: expected auto, gluon or triton, got 'cuda'$"):
+        lp.select_decode_backend("cuda", **GLUON_OK)
+
+
+ROWS = dict(min_block_m=16, max_block_m=64, small_batch=8, small_block_m=16)
+
+
+@pytest.mark.parametrize(
+    ("rows", "batch", "expected"),
+    [
+        (16, 128, (16, False)),
+        (40, 128, (64, False)),  # padded to a power of two
+        (128, 128, (64, False)),  # clamped: two row blocks
+        (8, 128, (16, False)),  # at least the smallest dot
+        (64, 8, (16, True)),  # latency regime: short blocks spread few sequences
+        (128, 1, (64, True)),  # more rows than one tall block: the tall block stays
+        (64, 9, (64, False)),
+    ],
+)
+def test_row_block(rows, batch, expected):
+    assert lp.decode_row_block(None, rows, batch, **ROWS) == expected
+    assert lp.decode_row_block(32, rows, batch, **ROWS) == (32, expected[1])  # the caller's block_m wins
+
+
+def test_split_runs():
+    assert lp.decode_num_parts(None, sm_count=132, parts_per_sm=2, row_blocks=2) == 132
+    assert lp.decode_num_parts(None, sm_count=132, parts_per_sm=1, row_blocks=200) == 1
+    assert lp.decode_num_parts(7, sm_count=132, parts_per_sm=2, row_blocks=2) == 7
+    for bad in (0, -1, 10**8, True, 1.5, "4"):
+        with pytest.raises(ValueError, match=rf"^num_parts: must be an int in 1\.\.65535, got {bad!r}$"):
+            lp.decode_num_parts(bad, sm_count=132, parts_per_sm=2, row_blocks=2)
+
+
+def test_fewest_blocks_per_run():
+    table = {(64, 64): 5, (16, 32): 3}
+    common = dict(small_block_m=16, cost_table=table)
+    assert lp.decode_min_blocks_per_part(None, small=False, block_m=64, block_n=64, **common) == 5
+    assert lp.decode_min_blocks_per_part(None, small=True, block_m=64, block_n=64, **common) == 5  # tall: cost rule
+    assert lp.decode_min_blocks_per_part(None, small=True, block_m=16, block_n=32, **common) == 1  # short: fine
+    assert lp.decode_min_blocks_per_part(None, small=False, block_m=32, block_n=64, **common) == 1  # not in table
+    assert lp.decode_min_blocks_per_part(9, small=False, block_m=64, block_n=64, **common) == 9
+    with pytest.raises(ValueError, match=r"^min_blocks_per_part: must be an int >= 1, got 0$"):
+        lp.decode_min_blocks_per_part(0, small=False, block_m=64, block_n=64, **common)
+
+
+@pytest.mark.parametrize("config", [(64, 8, 2), [16, 4, 1], (128, 16, 3)])
+def test_config_accepted(config):
+    assert lp.check_decode_config(config) == tuple(config)
+
+
+@pytest.mark.parametrize("config", [(64, 8), (48, 8, 2), (8, 4, 1), (64, 3, 2), (64, 8, 0), (64.0, 8, 2), None, "64"])
+def test_config_refused(config):
+    with pytest.raises(ValueError, match=r"^config: expected \(block_n: a power of two >= 16"):
+        lp.check_decode_config(config)
+
+
+def test_tuned_config_device_then_family_then_fallback():
+    table = {("sm90", "NVIDIA H100 80GB HBM3", "m16"): (32, 4, 3), ("sm90", "*", "m16"): (64, 8, 2)}
+    assert lp.tuned_config(table, ("sm90", "NVIDIA H100 80GB HBM3"), "m16", None) == (32, 4, 3)
+    assert lp.tuned_config(table, ("sm90", "NVIDIA H100 PCIe"), "m16", None) == (64, 8, 2)
+    assert lp.tuned_config(table, ("sm80", "NVIDIA A100"), "m16", "default") == "default"
+    assert lp.tuned_config(table, ("sm90", "NVIDIA H100 80GB HBM3"), "m64", "default") == "default"
+
+
+def test_combine_tile_gives_every_sm_a_program_with_the_largest_tile():
+    tiles = {(16, 128): 2, (8, 128): 4, (1, 64): 64}
+    assert lp.combine_tile(128, 16, 512, 132, tiles) == ((16, 128), 2)  # 512 programs already
+    assert lp.combine_tile(4, 16, 512, 132, tiles) == ((1, 64), 64)  # 4 * 16 * 8 = 512 only at the smallest
+    assert lp.combine_tile(1, 1, 64, 132, tiles) == ((1, 64), 64)  # nothing fills the GPU: the smallest
+
+
+def test_tile_loads():
+    base = dict(enabled=True, page_size=64, block_n=64, page_stride=64 * 576, row_stride=576, width=576,
+                block_m=64, q_tma_min_block_m=64, q_contiguous=True)  # fmt: skip
+    assert lp.decode_tile_loads(**base) == (True, True)
+    assert lp.decode_tile_loads(**{**base, "block_m": 16}) == (True, False)  # mma.sync reads q from registers
+    assert lp.decode_tile_loads(**{**base, "q_contiguous": False}) == (True, False)
+    assert lp.decode_tile_loads(**{**base, "page_size": 16}) == (False, False)  # a block spans pages
+    assert lp.decode_tile_loads(**{**base, "row_stride": 640}) == (False, False)  # rows not dense
+    assert lp.decode_tile_loads(**{**base, "enabled": False}) == (False, False)
+
+
+def test_buckets_and_small_helpers():
+    assert lp.decode_bucket(64) == "m64" and lp.decode_bucket(16, small=True) == "m16-small"
+    assert [lp.next_pow2(v) for v in (1, 2, 3, 17, 576)] == [1, 2, 4, 32, 1024]
+    assert [lp.cdiv(a, b) for a, b in ((0, 4), (1, 4), (8, 4), (9, 4))] == [0, 1, 2, 3]
+
+
+def test_emitted_verbatim_into_generated_modules():
+    source = module_source(spec_from_dict(dict(name="policy", num_heads=4, kv_lora_rank=64, qk_rope_head_dim=16,
+                                               qk_nope_head_dim=16, v_head_dim=16)))  # fmt: skip
+    policy = launch_policy_source()
+    assert policy.startswith("#: decode backends") and policy in source
+    assert "import" not in policy  # standard library at most, and today nothing at all
