@@ -17,7 +17,7 @@ from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageErr
 from .cli_common import check_spec_dirs as _spec_dirs
 from .cli_common import resolve_specs as _specs
 from .compile import compile_spec, import_module_from_path
-from .plan import lower
+from .plan import emitted_kinds, lower
 from .registry import registered_specs, resolve_spec, spec_dirs
 from .spec import MLASpec, SpecError, json_schema
 
@@ -67,7 +67,7 @@ def compile_command(
         typer.echo(f"mlagen: warning: {warning}", err=True)
     for spec in _specs(specs or [], all_bundled, spec_dir):
         path = compile_spec(spec, out_dir, _tuned(spec, tuning))
-        typer.echo(f"{spec.name}: wrote {path} (kernels: {', '.join(spec.kernels)})")
+        typer.echo(f"{spec.name}: wrote {path} (kernels: {', '.join(k.name for k in emitted_kinds(spec))})")
 
 
 @app.command("list")
@@ -83,7 +83,7 @@ def list_command(spec_dir: SpecDirOption = None) -> None:
         except SpecError as error:
             typer.echo(f"{name:<22} INVALID: {str(error).splitlines()[0]}")
             continue
-        kernels = ", ".join(f"{s.name}/{k}" for k in s.kernels)
+        kernels = ", ".join(f"{s.name}/{k.name}" for k in emitted_kinds(s))
         lq = "-" if s.q_lora_rank is None else str(s.q_lora_rank)
         typer.echo(
             f"{s.name:<22} {s.num_heads:>4} {s.kv_lora_rank:>5} {s.qk_rope_head_dim:>4} {s.qk_nope_head_dim:>4} "

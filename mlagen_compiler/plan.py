@@ -20,11 +20,14 @@ __all__ = [
     "DecodePlan",
     "GluonDecodePlan",
     "PlanError",
+    "KERNEL_KINDS",
+    "KernelKind",
     "KernelPlan",
     "CacheWritePlan",
     "PrefillConfig",
     "PrefillPlan",
     "TileConfig",
+    "emitted_kinds",
     "lower",
     "next_pow2",
     "softmax_scale_of",
@@ -93,6 +96,9 @@ class TileConfig:
 
     def key(self) -> str:
         return f"n{self.block_n}-w{self.num_warps}-s{self.num_stages}"
+
+    def as_tuple(self) -> tuple[int, int, int]:
+        return (self.block_n, self.num_warps, self.num_stages)
 
 
 #: Triton (major, minor) releases the Gluon decode was verified with: the Gluon API moves between releases
@@ -233,6 +239,20 @@ class DecodePlan:
     def block_ms(self) -> tuple[int, ...]:
         return tuple(m for m, _ in self.space)
 
+    def template_tables(self, tuned: dict[str, Any]) -> dict[str, Any]:
+        """The tables decode.py.jinja prints (plain data; render writes each as a Python literal). tuned:
+        {"<arch>|<gpu>|<bucket>": config} from the tuning databases."""
+        return {
+            "decode_space": {m: [c.as_tuple() for c in cfgs] for m, cfgs in self.space},
+            "decode_defaults": {m: c.as_tuple() for m, c in self.defaults},
+            "decode_interpreter": self.interpreter.as_tuple(),
+            "decode_min_blocks": dict(self.min_blocks_per_part),
+            "decode_small_defaults": {m: c.as_tuple() for m, c in self.small_batch_defaults},
+            "decode_combine_tiles": dict(self.combine_block_runs),
+            "decode_tuned": {tuple(k.split("|")): tuple(v) for k, v in tuned.items()},
+            "decode_gluon_reason": self.gluon.reason,
+        }
+
 
 @dataclass(frozen=True, order=True)
 class PrefillConfig:
@@ -276,6 +296,15 @@ class PrefillPlan:
     #: tokens per program of the LSE merge kernel
     merge_block_t: int
 
+    def template_tables(self, tuned: dict[str, Any]) -> dict[str, Any]:
+        """The tables prefill.py.jinja prints; tuned: {"<arch>|<gpu>|<causal or prefix>": config}."""
+        return {
+            "prefill_space": [c.as_tuple() for c in self.space],
+            "prefill_default": self.default.as_tuple(),
+            "prefill_interpreter": self.interpreter.as_tuple(),
+            "prefill_tuned": {tuple(k.split("|")): tuple(v) for k, v in tuned.items()},
+        }
+
 
 @dataclass(frozen=True)
 class CacheWritePlan:
@@ -285,6 +314,9 @@ class CacheWritePlan:
     dc_pad: int
     dr_pad: int
     block_t: int
+
+    def template_tables(self, tuned: dict[str, Any]) -> dict[str, Any]:
+        return {}  # nothing to tune
 
 
 @dataclass(frozen=True)
@@ -296,13 +328,29 @@ class KernelPlan:
     dtype: str
     page_size: int
     softmax_scale: float
-    decode: DecodePlan | None
-    prefill: PrefillPlan | None
-    cache_write: CacheWritePlan
+    #: kind name -> its plan, for every kind the module holds (see KERNEL_KINDS), in table order
+    kernels: dict[str, Any]
+
+    # the kinds' plans by name: what the templates and the tuner read
+    @property
+    def decode(self) -> DecodePlan | None:
+        return self.kernels.get("decode")
+
+    @property
+    def prefill(self) -> PrefillPlan | None:
+        return self.kernels.get("prefill")
+
+    @property
+    def cache_write(self) -> CacheWritePlan | None:
+        return self.kernels.get("cache_write")
 
     def summary(self) -> dict[str, Any]:
         """The plan as plain data (what `mlagen show` prints)."""
-        out = {k: v for k, v in asdict(self).items() if k not in ("spec", "decode", "prefill")}
+        out = {k: v for k, v in asdict(self).items() if k not in ("spec", "kernels")}
+        out["kernels"] = list(self.kernels)
+        for name, kind_plan in self.kernels.items():
+            if name not in ("decode", "prefill"):
+                out[name] = asdict(kind_plan)
         if self.decode is not None:
             dec = asdict(self.decode)
             dec["space"] = {m: [c.key() for c in cfgs] for m, cfgs in self.decode.space}
@@ -522,7 +570,49 @@ def lower_cache_write(spec: MLASpec) -> CacheWritePlan:
     return CacheWritePlan(dc_pad=next_pow2(spec.kv_lora_rank), dr_pad=next_pow2(spec.qk_rope_head_dim), block_t=16)
 
 
+@dataclass(frozen=True)
+class KernelKind:
+    """One kind of kernel a generated module can hold, and what each pipeline stage needs of it.
+
+    Adding a kind is one entry in KERNEL_KINDS plus its files: a plan class with `template_tables` and its
+    `lower_*` here, `templates/<template>`, its reference in reference.py and its cases in verify.py (and,
+    if it has tile knobs, tuner buckets). The stages iterate this table; none names a kind itself.
+    """
+
+    name: str
+    lower: Any  # Callable[[MLASpec], plan of this kind]
+    template: str  # in templates/
+    #: what the generated module offers for it (the verify cases call these)
+    entry_points: tuple[str, ...]
+    #: emitted when the spec's `kernels` names it; False: in every module (every decode user fills the cache)
+    on_request: bool
+    #: the function of mlagen_compiler.verify that runs its cases: (module, seed, on_gpu, progress) -> results
+    verify: str
+
+
+KERNEL_KINDS: tuple[KernelKind, ...] = (
+    KernelKind("decode", lower_decode, "decode.py.jinja", ("mla_decode", "get_decode_schedule"), True, "verify_decode"),
+    KernelKind(
+        "prefill",
+        lower_prefill,
+        "prefill.py.jinja",
+        ("mla_prefill", "mla_chunked_prefill", "merge_attn_states"),
+        True,
+        "verify_prefill",
+    ),  # fmt: skip
+    KernelKind(
+        "cache_write", lower_cache_write, "cache_write.py.jinja", ("mla_cache_write",), False, "verify_cache_write"
+    ),  # fmt: skip
+)
+
+
+def emitted_kinds(spec: MLASpec) -> tuple[KernelKind, ...]:
+    """The kinds a spec's module holds, in table order."""
+    return tuple(k for k in KERNEL_KINDS if not k.on_request or k.name in spec.kernels)
+
+
 def lower(spec: MLASpec) -> KernelPlan:
+    plans = {kind.name: kind.lower(spec) for kind in emitted_kinds(spec)}
     return KernelPlan(
         spec=spec,
         spec_hash=spec.content_hash(),
@@ -531,7 +621,5 @@ def lower(spec: MLASpec) -> KernelPlan:
         dtype=spec.dtype,
         page_size=spec.page_size,
         softmax_scale=softmax_scale_of(spec),
-        decode=lower_decode(spec) if "decode" in spec.kernels else None,
-        prefill=lower_prefill(spec) if "prefill" in spec.kernels else None,
-        cache_write=lower_cache_write(spec),
+        kernels=plans,
     )

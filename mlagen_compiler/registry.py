@@ -12,6 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .paths import bundled_spec_dir
+from .plan import emitted_kinds
 from .spec import MLASpec, SpecError, load_spec
 
 __all__ = ["registered_specs", "resolve_kernel", "resolve_spec", "spec_dirs"]
@@ -70,8 +71,9 @@ def resolve_kernel(arg: str | Path | MLASpec, extra_dirs: Iterable[str | Path] =
         spec = load_spec(known[name])
         if spec.name != name:
             raise SpecError(f"{known[name]}: file is registered as '{name}' but its name field is '{spec.name}'")
-        if kernel is not None and kernel not in spec.kernels:
-            emitted = ", ".join(f"{name}/{k}" for k in spec.kernels)
+        kinds = [k.name for k in emitted_kinds(spec)]
+        if kernel is not None and kernel not in kinds:
+            emitted = ", ".join(f"{name}/{k}" for k in kinds)
             raise SpecError(f"spec '{name}' does not emit a '{kernel}' kernel; it emits: {emitted}")
         return spec, kernel
     close = difflib.get_close_matches(name, known, n=3, cutoff=0.5)

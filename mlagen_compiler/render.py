@@ -19,7 +19,7 @@ import jinja2
 from . import launch_policy
 from ._version import __version__
 from .paths import template_dir
-from .plan import KernelPlan, TileConfig
+from .plan import KernelPlan, emitted_kinds
 from .triton_support import TRITON_BELOW, TRITON_MIN, unsupported_message
 
 __all__ = ["render_module", "templates_digest"]
@@ -62,10 +62,6 @@ def _literal(value: Any) -> str:
     return pprint.pformat(value, width=100, sort_dicts=True)
 
 
-def _config_tuple(config: TileConfig) -> tuple[int, int, int]:
-    return (config.block_n, config.num_warps, config.num_stages)
-
-
 def tuning_source(tuned: dict[str, Any] | None) -> str:
     """One line for the generated header: how many tuned configurations it carries and which GPUs measured them."""
     tables = {kernel: table for kernel, table in (tuned or {}).items() if table}
@@ -98,30 +94,13 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "triton_min": repr(TRITON_MIN),
         "triton_below": repr(TRITON_BELOW),
         "triton_warning": repr(unsupported_message("{installed}")),
-        "decode": plan.decode,
-        "prefill": plan.prefill,
-        "cache_write": plan.cache_write,
+        "kinds": [kind for kind in emitted_kinds(plan.spec)],
     }
-    if plan.decode is not None:
-        decode_tuned = (tuned or {}).get("decode", {})
-        context.update(
-            decode_space=_literal({m: [_config_tuple(c) for c in cfgs] for m, cfgs in plan.decode.space}),
-            decode_defaults=_literal({m: _config_tuple(c) for m, c in plan.decode.defaults}),
-            decode_interpreter=_literal(_config_tuple(plan.decode.interpreter)),
-            decode_min_blocks=_literal(dict(plan.decode.min_blocks_per_part)),
-            decode_small_defaults=_literal({m: _config_tuple(c) for m, c in plan.decode.small_batch_defaults}),
-            decode_combine_tiles=_literal(dict(plan.decode.combine_block_runs)),
-            decode_tuned=_literal({tuple(k.split("|")): tuple(v) for k, v in decode_tuned.items()}),
-            decode_gluon_reason=repr(plan.decode.gluon.reason),
-        )
-    if plan.prefill is not None:
-        prefill_tuned = (tuned or {}).get("prefill", {})
-        context.update(
-            prefill_space=_literal([c.as_tuple() for c in plan.prefill.space]),
-            prefill_default=_literal(plan.prefill.default.as_tuple()),
-            prefill_interpreter=_literal(plan.prefill.interpreter.as_tuple()),
-            prefill_tuned=_literal({tuple(k.split("|")): tuple(v) for k, v in prefill_tuned.items()}),
-        )
+    for kind in context["kinds"]:
+        kind_plan = plan.kernels[kind.name]
+        context[kind.name] = kind_plan
+        tables = kind_plan.template_tables((tuned or {}).get(kind.name, {}))
+        context.update({name: _literal(value) for name, value in tables.items()})
     return context
 
 

@@ -230,25 +230,41 @@ def run_decode_case(module: ModuleType, case: DecodeCase, generator, device) -> 
 
 
 def verify_module(module: ModuleType, seed: int, on_gpu: bool, progress: Callable[[str], None]) -> list[CaseResult]:
+    """Every kind of kernel the module holds (plan.KERNEL_KINDS), each kind's cases on fresh random inputs."""
+    from .plan import KERNEL_KINDS
+
+    results = []
+    for number, kind in enumerate(KERNEL_KINDS):
+        if not kind.on_request or kind.name in module.SPEC["kernels"]:
+            results += globals()[kind.verify](module, seed * 1000 + 100 * number, on_gpu, progress)
+    return results
+
+
+def _cases(name, cases, run, module, seed, on_gpu, progress) -> list[CaseResult]:
     import torch
 
     device = torch.device("cuda") if on_gpu else torch.device("cpu")
     results = []
-    if hasattr(module, "mla_decode"):
-        for i, case in enumerate(decode_cases(module.PAGE_SIZE, on_gpu)):
-            progress(f"{module.SPEC['name']}: decode {case.name}")
-            generator = torch.Generator().manual_seed(seed * 1000 + i)
-            results.append(run_decode_case(module, case, generator, device))
-    if hasattr(module, "mla_prefill"):
-        for i, case in enumerate(prefill_cases(on_gpu)):
-            progress(f"{module.SPEC['name']}: prefill {case.name}")
-            generator = torch.Generator().manual_seed(seed * 1000 + 500 + i)
-            results += run_prefill_case(module, case, generator, device)
-    for i, case in enumerate(cache_write_cases(on_gpu)):
-        progress(f"{module.SPEC['name']}: cache_write {case.name}")
-        generator = torch.Generator().manual_seed(seed * 1000 + 800 + i)
-        results.append(run_cache_write_case(module, case, generator, device))
+    for i, case in enumerate(cases):
+        progress(f"{module.SPEC['name']}: {name} {case.name}")
+        result = run(module, case, torch.Generator().manual_seed(seed + i), device)
+        results += result if isinstance(result, list) else [result]
     return results
+
+
+def verify_decode(module: ModuleType, seed: int, on_gpu: bool, progress: Callable[[str], None]) -> list[CaseResult]:
+    return _cases("decode", decode_cases(module.PAGE_SIZE, on_gpu), run_decode_case, module, seed, on_gpu, progress)
+
+
+def verify_prefill(module: ModuleType, seed: int, on_gpu: bool, progress: Callable[[str], None]) -> list[CaseResult]:
+    """mla_prefill and mla_chunked_prefill (with merge_attn_states inside it)."""
+    return _cases("prefill", prefill_cases(on_gpu), run_prefill_case, module, seed, on_gpu, progress)
+
+
+def verify_cache_write(
+    module: ModuleType, seed: int, on_gpu: bool, progress: Callable[[str], None]
+) -> list[CaseResult]:
+    return _cases("cache_write", cache_write_cases(on_gpu), run_cache_write_case, module, seed, on_gpu, progress)
 
 
 @dataclasses.dataclass(frozen=True)

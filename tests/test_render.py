@@ -67,3 +67,28 @@ def test_no_stray_generated_modules():
     expected = {resolve_spec(n).module_name for n in registered_specs()}
     present = {p.stem for p in (ROOT / "generated").glob("*.py") if p.stem != "__init__"}
     assert present == expected
+
+
+def test_every_kernel_kind_is_complete_and_emitted_as_the_table_says(tmp_path):
+    """Each entry of the kind table names a template, a verify function and entry points that exist, and a
+    module holds exactly the kinds its spec asks for plus those emitted for every spec."""
+    from mlagen_compiler import verify
+    from mlagen_compiler.compile import import_module_from_path
+    from mlagen_compiler.plan import KERNEL_KINDS, emitted_kinds, lower
+    from mlagen_compiler.registry import resolve_kernel
+    from mlagen_compiler.render import template_dir
+
+    for kind in KERNEL_KINDS:
+        assert (template_dir() / kind.template).is_file() and callable(getattr(verify, kind.verify))
+    for kernels in (["decode"], ["prefill"], ["decode", "prefill"]):
+        spec = spec_from_dict({**SPEC, "kernels": kernels})
+        names = [k.name for k in emitted_kinds(spec)]
+        assert names == [k.name for k in KERNEL_KINDS if k.name in kernels or not k.on_request]
+        assert list(lower(spec).kernels) == names
+        path = tmp_path / f"{'_'.join(kernels)}.py"
+        path.write_text(module_source(spec))
+        module = import_module_from_path(path, f"kinds_{'_'.join(kernels)}")
+        for kind in KERNEL_KINDS:
+            present = [hasattr(module, entry) for entry in kind.entry_points]
+            assert present == [kind.name in names] * len(present), (kernels, kind.name)
+    assert resolve_kernel("deepseek-v3-tp8/cache_write")[1] == "cache_write"
