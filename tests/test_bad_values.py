@@ -6,21 +6,15 @@ import re
 
 import pytest
 import torch
+from helpers import SMALL_SPEC
 
 from mlagen_compiler.reference import prefill_varlen
 from mlagen_compiler.verify import compare_with_lse, paged_block_table
 
-FIELDS = dict(
-    name="bad-values",
-    num_heads=2,
-    kv_lora_rank=64,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=16,
-    v_head_dim=16,
-    page_size=4,
-    dtype="float16",
-    kernels=["decode", "prefill"],
-)
+FIELDS = {
+    **SMALL_SPEC, "name": "bad-values", "num_heads": 2, "qk_nope_head_dim": 16, "v_head_dim": 16, "page_size": 4,
+    "kernels": ["decode", "prefill"],
+}  # fmt: skip
 
 
 DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")  # as in conftest

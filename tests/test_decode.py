@@ -8,7 +8,7 @@ from unittest.mock import patch
 
 import pytest
 import torch
-from helpers import DEEPSEEK_V3_TP8_SPEC
+from helpers import DEEPSEEK_V3_TP8_SPEC, SMALL_SPEC
 from hypothesis import given, note
 from hypothesis import strategies as st
 
@@ -39,16 +39,7 @@ PAGE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 
 def gluon_skip_reason(build_module, device) -> str:
     """'' when the Gluon decode runs here, else why not (interpreter, GPU, Triton release)."""
-    module = build_module(
-        name="gluon-probe",
-        num_heads=16,
-        kv_lora_rank=512,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=64,
-        v_head_dim=64,
-        page_size=64,
-        dtype="bfloat16",
-    )
+    module = build_module(**{**DEEPSEEK_V3_TP8_SPEC, "name": "gluon-probe"})
     backend, reason = module.decode_backend(device, "auto")
     return "" if backend == "gluon" else reason
 
@@ -218,14 +209,15 @@ def test_default_call_and_softmax_scale(build_module, device):
 )
 def test_bad_arguments_name_the_argument(build_module, device, argument, mutate, match):
     module = build_module(
-        name="args",
-        num_heads=4,
-        kv_lora_rank=64,
-        qk_rope_head_dim=16,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        page_size=4,
-        dtype="bfloat16",
+        **{
+            **SMALL_SPEC,
+            "name": "args",
+            "num_heads": 4,
+            "qk_nope_head_dim": 16,
+            "v_head_dim": 16,
+            "page_size": 4,
+            "dtype": "bfloat16",
+        }  # fmt: skip
     )
     inputs = make_decode_inputs(module, [5, 9], 1, torch.Generator().manual_seed(0), device)
     mutate(inputs)

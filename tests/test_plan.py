@@ -48,17 +48,8 @@ def multiple_of_16(lo, hi):
 def test_plan_never_offers_a_config_over_budget(heads, dc, dr, dn, dv, page_size):
     """Over the whole range a spec may take: every offered tile fits the target's registers and shared memory."""
     budget = ARCH_BUDGETS[PLAN_ARCH]
-    plan = lower(
-        spec(
-            num_heads=heads,
-            kv_lora_rank=dc,
-            qk_rope_head_dim=dr,
-            qk_nope_head_dim=dn,
-            v_head_dim=dv,
-            page_size=page_size,
-            kernels=["decode", "prefill"],
-        )
-    )
+    geometry = dict(num_heads=heads, kv_lora_rank=dc, qk_rope_head_dim=dr, qk_nope_head_dim=dn, v_head_dim=dv)
+    plan = lower(spec(**geometry, page_size=page_size, kernels=["decode", "prefill"]))
     decode = plan.decode
     assert decode.block_ms()[0] == 16 and decode.block_ms() == tuple(sorted(decode.block_ms()))
     offered = [(m, c) for m, configs in decode.space for c in configs]
