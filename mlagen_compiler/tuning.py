@@ -174,6 +174,9 @@ def _check_entry(entry: Any, where: str) -> dict[str, Any]:
     missing = [k for k in REQUIRED_FIELDS if k not in entry]
     if missing:
         raise TuningDBError(f"{where}: entry is missing {', '.join(missing)}")
+    for key in ("kernel", "geometry", "bucket", "arch", "gpu", "triton"):
+        if key in entry and not isinstance(entry[key], str):
+            raise TuningDBError(f"{where}: {key} must be a string, got {entry[key]!r}")
     config = entry["config"]
     if not (isinstance(config, list) and config and all(isinstance(v, int) for v in config)):
         raise TuningDBError(f"{where}: config must be a list of integers, got {config!r}")

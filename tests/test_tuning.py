@@ -101,6 +101,11 @@ V1_ENTRY = (
             '"gpu": "g", "triton": "3", "config": "fast"}]}',
             "config must be a list",
         ),
+        (
+            '{"schema": 2, "entries": [{"kernel": "decode", "geometry": "x", "bucket": "m16", "arch": "sm90", '
+            '"gpu": "g", "triton": 3.6, "config": [64, 8, 2]}]}',
+            r"entries\[0\]: triton must be a string, got 3\.6$",
+        ),
     ],
 )
 def test_bad_databases_are_one_line_errors(tmp_path, content, fragment):
