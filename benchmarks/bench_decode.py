@@ -15,12 +15,14 @@ Writes decode.json and decode.png into DIR (default: $OUT, else ./out) and print
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import functools
 import json
 import os
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,6 +71,9 @@ class Result:
     eager_us: float
     speedup: float
     graph_us: float | None = None
+    merge: str = "fused"
+    host_us: float = float("nan")
+    bare_host_us: float = float("nan")
     default_us: float | None = None
     max_err: float = 0.0
     rel_err: float = 0.0
@@ -111,6 +116,8 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("H128 B32 S8192", "deepseek-v3-tp1", 128, [8192] * 32))
     out.append(Case("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64))
     out.append(Case("H16 skewed4 Sq4 graph", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 4, graph=True))
+    out.append(Case("H16 skewed4 Sq1 graph", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 1, graph=True))
+    out.append(Case("Kimi-K2 H64 B128 S8192", "kimi-k2", 64, [8192] * 128))
     out.append(Case("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128))
     return out
 
@@ -199,6 +206,19 @@ def time_graph(fn) -> float:
     return median_ms(replay) / 20
 
 
+def host_us_per_call(call, calls: int = 100) -> float:
+    """Wall time per call issued back to back (no synchronisation between calls): the host's cost of a
+    call; when the GPU is slower than the host, the launch queue fills and this approaches the GPU time."""
+    call()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
 def run_case(
     case: Case,
     roof,
@@ -207,6 +227,7 @@ def run_case(
     gen: torch.Generator,
     backend: str = "auto",
     graph_all: bool = False,
+    merge: str = "fused",
 ) -> Result | None:
     """None when `backend` cannot run this case here (e.g. gluon off Hopper, or an ineligible geometry)."""
     module = module_for(case.spec, case.num_heads, tmp)
@@ -217,7 +238,7 @@ def run_case(
     q, kv, table, lens = make_inputs(module, case.seqlens, case.seqlen_q, gen)
     batch = len(case.seqlens)
     max_len = max(case.seqlens)
-    schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, backend=backend)
+    schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, backend=backend, merge=merge)
     out = torch.full(
         (batch, case.seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), float("nan"), dtype=torch.bfloat16, device="cuda"
     )
@@ -227,6 +248,10 @@ def run_case(
     max_err, rel, msg = check(module, q, kv, table, lens, out, lse, max_len)
     us = median_ms(call) * 1e3
     graph_us = time_graph(call) * 1e3 if case.graph or graph_all else None
+    host_us = host_us_per_call(call)
+    # a bare call plans its schedule and allocates its outputs (same backend and merge, from the environment)
+    with _environment(MLAGEN_DECODE_BACKEND=schedule.backend, MLAGEN_DECODE_MERGE=merge):
+        bare_host_us = host_us_per_call(lambda: module.mla_decode(q, kv, table, lens))
     eager = lambda: decode_paged_batched(
         q, kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len
     )
@@ -263,12 +288,29 @@ def run_case(
         eager_us=eager_us,
         speedup=eager_us / us,
         graph_us=graph_us,
+        merge=schedule.merge,
+        host_us=host_us,
+        bare_host_us=bare_host_us,
         default_us=default_us,
         max_err=max_err,
         rel_err=rel,
         passed=not msg,
         extra={"detail": msg} if msg else {},
     )
+
+
+@contextlib.contextmanager
+def _environment(**values):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _time_schedule(module, inputs, sched, max_len, graph=False):
@@ -442,6 +484,11 @@ def main() -> None:
         help="decode backends to time side by side (gluon: the Hopper kernel, where it runs; triton: portable)",
     )
     parser.add_argument("--graph-all", action="store_true", help="time CUDA-graph replay for every case too")
+    parser.add_argument(
+        "--merges",
+        default="fused",
+        help="merges of split sequences to time side by side (fused: in the split launch; kernel: a second launch)",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
@@ -468,16 +515,17 @@ def main() -> None:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
             for backend in args.backends.split(","):
-                r = run_case(case, roof, tmp, args.compare_default, gen, backend, args.graph_all)
-                if r is None:
-                    continue
-                results.append(r)
-                print(
-                    f"[done] {r.case} {r.backend}: {min(r.us, r.graph_us or r.us):.1f} us "
-                    f"{'ok' if r.passed else 'FAIL ' + str(r.extra)}",
-                    flush=True,
-                )
-                torch.cuda.empty_cache()
+                for merge in args.merges.split(","):
+                    r = run_case(case, roof, tmp, args.compare_default, gen, backend, args.graph_all, merge)
+                    if r is None:
+                        break
+                    results.append(r)
+                    print(
+                        f"[done] {r.case} {r.backend} {r.merge}: {min(r.us, r.graph_us or r.us):.1f} us, host "
+                        f"{r.host_us:.1f} us {'ok' if r.passed else 'FAIL ' + str(r.extra)}",
+                        flush=True,
+                    )
+                    torch.cuda.empty_cache()
     (args.out / "decode.json").write_text(
         json.dumps({**meta, "roofline": roof, "results": [asdict(r) for r in results]}, indent=1)
     )
@@ -487,15 +535,16 @@ def main() -> None:
         f"matmul {roof['matmul_tflops']:.0f} TFLOP/s"
     )
     print(
-        "| case | backend | config | µs | graph µs | GB/s | %copy | TFLOP/s | %mma | eager µs | speed-up | default µs "
-        "| ok |"
+        "| case | backend | merge | config | µs | graph µs | host µs | bare host µs | GB/s | %copy | TFLOP/s | %mma "
+        "| eager µs | speed-up | default µs | ok |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         g = f"{r.graph_us:.1f}" if r.graph_us is not None else "-"
         d = f"{r.default_us:.1f}" if r.default_us is not None else "-"
         print(
-            f"| {r.case} | {r.backend} | {r.config} | {r.us:.1f} | {g} | {r.gbps:.0f} | {r.pct_copy:.0f}% | "
+            f"| {r.case} | {r.backend} | {r.merge} | {r.config} | {r.us:.1f} | {g} | {r.host_us:.1f} | "
+            f"{r.bare_host_us:.1f} | {r.gbps:.0f} | {r.pct_copy:.0f}% | "
             f"{r.tflops:.0f} | "
             f"{r.pct_mma:.0f}% | {r.eager_us:.0f} | {r.speedup:.1f}x | {d} | "
             f"{'yes' if r.passed else 'NO ' + r.extra.get('detail', '')} |"

@@ -39,7 +39,7 @@ class _OfflineHopperDriver:
         return torch.device("cpu")
 
 
-def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False) -> dict:
+def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, fused_merge: bool = True) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.runtime.driver import driver
 
@@ -70,6 +70,7 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False) -
         f32,
         f32,
         f32,
+        i32,
         0.1,
         batch,
         8,
@@ -98,6 +99,10 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False) -
         GATHER=gather,
         GATHER_COLS=module.DECODE_GLUON_GATHER_COLS,
         GATHER_WARPS=module.DECODE_GLUON_GATHER_WARPS,
+        FUSED_MERGE=fused_merge,
+        MERGE_FANIN=module.DECODE_MERGE_FANIN,
+        MERGE_LEVELS=module.DECODE_MERGE_LEVELS,
+        MERGE_BLOCK_C=module.DECODE_MERGE_BLOCK_C,
         CONSUMER_REGS=module.DECODE_GLUON_CONSUMER_REGS,
         PRODUCER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
         GATHER_REGS=module.DECODE_GLUON_GATHER_REGS,
@@ -129,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sq", type=int, default=1)
     parser.add_argument("--gather", action="store_true", help="the gathering producer (pages < 64)")
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
+    parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
     args = parser.parse_args(argv)
-    result = compile_offline(args.module, args.sq, args.gather)
+    result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel)
     kernel = result.pop("kernel")
     print(result)
     if args.dump:

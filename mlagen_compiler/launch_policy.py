@@ -12,6 +12,9 @@ plan and are passed in as arguments.
 DECODE_BACKENDS = ("gluon", "triton")
 #: the most split-KV runs one launch takes: the CUDA grid's second dimension
 MAX_NUM_PARTS = 65535
+#: how sequences split over several runs are merged: by the runs themselves in the one launch, or by a
+#: second (combine) launch
+DECODE_MERGES = ("fused", "kernel")
 
 
 def _policy_error(name, message):
@@ -71,6 +74,13 @@ def select_decode_backend(
     if requested == "gluon":
         raise _policy_error("MLAGEN_DECODE_BACKEND", f"'gluon' cannot run here: {why}")
     return "triton", why
+
+
+def decode_merge(requested):
+    """The merge of split sequences: "fused" or "kernel" (MLAGEN_DECODE_MERGE or the call's merge=), checked."""
+    if requested not in DECODE_MERGES:
+        raise _policy_error("merge", f"expected fused or kernel, got {requested!r}")
+    return requested
 
 
 def decode_bucket(block_m, small=False):

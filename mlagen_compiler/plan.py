@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .launch_policy import MAX_NUM_PARTS
 from .spec import DecodeTiles, MLASpec, PrefillTiles
 
 __all__ = [
@@ -66,6 +67,10 @@ COMBINE_TILES = ((16, 128), (8, 128), (4, 128), (2, 64), (1, 64))
 #: fp32 elements of partial output the combine kernel loads per step: small tiles (small batches, many
 #: runs per sequence) then load many runs at once, so the loads are in flight together
 COMBINE_STEP_ELEMENTS = 4096
+#: the fused merge of split sequences (DecodePlan.merge_fanin): results merged per step of its tree, and
+#: latent columns merged at a time (a [64, 128] fp32 tile is 64 registers a thread at 4 warps)
+MERGE_FANIN = 8
+MERGE_BLOCK_C = 128
 #: a run must do at least this many times its fixed cost in cache reads (see DecodePlan.min_blocks_per_part)
 SPLIT_OVERHEAD_FACTOR = 1.0
 
@@ -225,6 +230,11 @@ class DecodePlan:
     small_batch_max: int
     small_batch_block_m: int
     small_batch_defaults: tuple[tuple[int, TileConfig], ...]
+    #: the fused merge (the last run of a split sequence to finish merges, up a tree of merge_fanin results
+    #: per step with at most merge_levels levels, merge_block_c latent columns at a time)
+    merge_fanin: int
+    merge_levels: int
+    merge_block_c: int
     #: combine tile -> runs loaded per step
     combine_block_runs: tuple[tuple[tuple[int, int], int], ...]
     #: autotune space per block_m (as a sorted list of pairs so the plan stays hashable/printable)
@@ -446,6 +456,14 @@ def _default_decode_config(block_m: int, dc_pad: int, space: tuple[TileConfig, .
     return space[0]
 
 
+def merge_levels(fanin: int) -> int:
+    """Levels of a merge tree of `fanin` results per step over the most runs a launch has."""
+    levels, spanned = 1, fanin
+    while spanned < MAX_NUM_PARTS:
+        levels, spanned = levels + 1, spanned * fanin
+    return levels
+
+
 def _min_blocks_per_part(
     space: tuple[tuple[int, tuple[TileConfig, ...]], ...], dc: int, dr: int, factor: float
 ) -> tuple[tuple[tuple[int, int], int], ...]:
@@ -486,6 +504,9 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
             for m, cfgs in space
         ),
         combine_tiles=combine_tiles,
+        merge_fanin=MERGE_FANIN,
+        merge_levels=merge_levels(MERGE_FANIN),
+        merge_block_c=min(MERGE_BLOCK_C, dc_pad),
         combine_block_runs=tuple(
             (tile, max(2, min(64, COMBINE_STEP_ELEMENTS // (tile[0] * tile[1])))) for tile in combine_tiles
         ),

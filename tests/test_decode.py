@@ -63,8 +63,10 @@ def decode_problems(draw, geometries=tuple(GEOMETRIES)):
     )
     seqlens = draw(st.lists(length, min_size=1, max_size=4))
     num_parts = draw(st.one_of(st.none(), st.integers(1, 9)))
-    # default (plan's cost rule) or forced small runs, so that splits and the combine are exercised
+    # default (plan's cost rule) or forced small runs, so that splits and the merges are exercised
     min_blocks = draw(st.sampled_from([None, 1, 2]))
+    # split sequences merged by their own runs (one launch) or by the combine kernel
+    merge = draw(st.sampled_from(["fused", "kernel"]))
     # whole-page cache blocks through TMA descriptors, or every block gathered through the page table
     tma = draw(st.booleans())
     # unused cache slots (page tails, unused pages) hold NaN, as uninitialised memory may
@@ -80,6 +82,7 @@ def decode_problems(draw, geometries=tuple(GEOMETRIES)):
         seqlens=seqlens,
         num_parts=num_parts,
         min_blocks=min_blocks,
+        merge=merge,
         tma=tma,
         nan_unused=nan_unused,
         seed=seed,
@@ -99,7 +102,7 @@ def module_for(build_module, problem):
     )
 
 
-def check_decode(module, device, problem, backend):
+def check_decode(module, device, problem, backend, calls=1):
     g = torch.Generator().manual_seed(problem["seed"])
     inputs = make_decode_inputs(module, problem["seqlens"], problem["seqlen_q"], g, device)
     if problem.get("nan_unused"):
@@ -112,21 +115,26 @@ def check_decode(module, device, problem, backend):
         num_parts=problem["num_parts"],
         min_blocks_per_part=problem["min_blocks"],
         backend=backend,
+        merge=problem.get("merge", "fused"),
     )
     assert schedule.backend == backend, schedule.backend_reason
-    out = torch.full(
-        (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK),
-        float("nan"),
-        dtype=module.DTYPE,
-        device=device,
-    )
-    lse = torch.full((batch, module.NUM_HEADS, seqlen_q), float("nan"), device=device)
-    with patch.object(module, "DECODE_USE_TMA", problem["tma"]):
-        got, got_lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
-    assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
-    assert not got.isnan().any(), "unwritten or NaN output elements"
-    _, _, message = compare_with_lse(got, got_lse, *decode_reference(module, inputs), problem["dtype"])
-    assert not message, message
+    want, want_lse = decode_reference(module, inputs)
+    for _ in range(calls):  # later calls reuse the schedule's workspace
+        out = torch.full(
+            (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK),
+            float("nan"),
+            dtype=module.DTYPE,
+            device=device,
+        )
+        lse = torch.full((batch, module.NUM_HEADS, seqlen_q), float("nan"), device=device)
+        with patch.object(module, "DECODE_USE_TMA", problem["tma"]):
+            got, got_lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
+        assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
+        assert not got.isnan().any(), "unwritten or NaN output elements"
+        _, _, message = compare_with_lse(got, got_lse, want, want_lse, problem["dtype"])
+        assert not message, message
+        # the fused merge's arrival counters are back at 0 for the next call
+        assert not schedule.workspace(device)[2].any()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -163,6 +171,24 @@ def test_decode_every_page_size(build_module, device, backend, page_size):
             seed=1000 * p + seqlen_q,
         )
         check_decode(module_for(build_module, problem), device, problem, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("fanin", [2, 3, 8])
+def test_fused_merge_trees(build_module, device, backend, fanin):
+    """Sequences cut into up to 19 runs, merged by their runs up trees of 2, 3 or 8 results per step: deep
+    trees, lone tail members and several sequences' trees in one launch; every call leaves the arrival
+    counters at 0, so a second call with the same schedule (and workspace) is right too."""
+    require_backend(build_module, device, backend)
+    # the Gluon kernel takes Dc = 512 (not the interpreter's small geometry)
+    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
+    module = build_module(**{**base, "name": "trees", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"})
+    block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
+    seqlens = [19 * block_n - 3, 0, 5, 2 * block_n + 1]
+    problem = dict(seqlens=seqlens, seqlen_q=2, num_parts=19, min_blocks=1, merge="fused", tma=True, seed=fanin,
+                   dtype="bfloat16", nan_unused=True)
+    with patch.object(module, "DECODE_MERGE_FANIN", fanin):
+        check_decode(module, device, problem, backend, calls=2)
 
 
 def test_default_call_and_softmax_scale(build_module, device):

@@ -142,3 +142,9 @@ def test_emitted_verbatim_into_generated_modules():
     policy = launch_policy_source()
     assert policy.startswith("#: decode backends") and policy in source
     assert "import" not in policy  # standard library at most, and today nothing at all
+
+
+def test_decode_merge_is_checked():
+    assert lp.decode_merge("fused") == "fused" and lp.decode_merge("kernel") == "kernel"
+    with pytest.raises(ValueError, match="merge: expected fused or kernel, got 'both'"):
+        lp.decode_merge("both")
