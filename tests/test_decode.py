@@ -185,8 +185,17 @@ def test_fused_merge_trees(build_module, device, backend, fanin):
     module = build_module(**{**base, "name": "trees", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"})
     block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
     seqlens = [19 * block_n - 3, 0, 5, 2 * block_n + 1]
-    problem = dict(seqlens=seqlens, seqlen_q=2, num_parts=19, min_blocks=1, merge="fused", tma=True, seed=fanin,
-                   dtype="bfloat16", nan_unused=True)
+    problem = dict(
+        seqlens=seqlens,
+        seqlen_q=2,
+        num_parts=19,
+        min_blocks=1,
+        merge="fused",
+        tma=True,
+        seed=fanin,
+        dtype="bfloat16",
+        nan_unused=True,
+    )
     with patch.object(module, "DECODE_MERGE_FANIN", fanin):
         check_decode(module, device, problem, backend, calls=2)
 
