@@ -219,6 +219,9 @@ def host_us_per_call(call, calls: int = 100) -> float:
     return elapsed / calls * 1e6
 
 
+_EAGER_US: dict[str, float] = {}
+
+
 def run_case(
     case: Case,
     roof,
@@ -255,10 +258,12 @@ def run_case(
     eager = lambda: decode_paged_batched(
         q, kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len
     )
-    try:
-        eager_us = triton.testing.do_bench(eager, warmup=5, rep=100, return_mode="median") * 1e3
-    except torch.OutOfMemoryError:
-        eager_us = float("nan")
+    if case.name not in _EAGER_US:  # the same for every backend and merge of a case: timed once
+        try:
+            _EAGER_US[case.name] = triton.testing.do_bench(eager, warmup=5, rep=100, return_mode="median") * 1e3
+        except torch.OutOfMemoryError:
+            _EAGER_US[case.name] = float("nan")
+    eager_us = _EAGER_US[case.name]
     default_us = None
     if compare_default and schedule.backend == "triton":
         small = batch <= module.DECODE_SMALL_BATCH
@@ -521,8 +526,10 @@ def main() -> None:
                         break
                     results.append(r)
                     print(
-                        f"[done] {r.case} {r.backend} {r.merge}: {min(r.us, r.graph_us or r.us):.1f} us, host "
-                        f"{r.host_us:.1f} us {'ok' if r.passed else 'FAIL ' + str(r.extra)}",
+                        f"[done] {r.case} | {r.backend} {r.merge} {r.config} | {r.us:.1f} us, graph "
+                        f"{r.graph_us or float('nan'):.1f} us, host {r.host_us:.1f} us, bare host "
+                        f"{r.bare_host_us:.1f} us | {r.gbps:.0f} GB/s {r.tflops:.0f} TFLOP/s | eager "
+                        f"{r.eager_us:.0f} us | {'ok' if r.passed else 'FAIL ' + str(r.extra)}",
                         flush=True,
                     )
                     torch.cuda.empty_cache()
