@@ -71,7 +71,7 @@ class Result:
     eager_us: float
     speedup: float
     graph_us: float | None = None
-    merge: str = "fused"
+    merge: str = "auto"
     host_us: float = float("nan")
     bare_host_us: float = float("nan")
     default_us: float | None = None
@@ -230,7 +230,7 @@ def run_case(
     gen: torch.Generator,
     backend: str = "auto",
     graph_all: bool = False,
-    merge: str = "fused",
+    merge: str = "auto",
 ) -> Result | None:
     """None when `backend` cannot run this case here (e.g. gluon off Hopper, or an ineligible geometry)."""
     module = module_for(case.spec, case.num_heads, tmp)
@@ -491,8 +491,9 @@ def main() -> None:
     parser.add_argument("--graph-all", action="store_true", help="time CUDA-graph replay for every case too")
     parser.add_argument(
         "--merges",
-        default="fused",
-        help="merges of split sequences to time side by side (fused: in the split launch; kernel: a second launch)",
+        default="auto",
+        help="merges of split sequences to time side by side (fused: in the split launch; kernel: a second "
+        "launch; auto: the launch policy's choice)",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

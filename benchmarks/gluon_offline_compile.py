@@ -146,16 +146,23 @@ def compile_portable_offline(module_path: str, seqlen_q: int = 1, merge: str = "
     table = torch.zeros(batch, pages, dtype=torch.int32)
     lens = torch.ones(batch, dtype=torch.int32)
     results = []
-    for block_m, configs in module.DECODE_SPACE.items():
+    for block_m in module.DECODE_SPACE:
         if block_m < min(module.DECODE_MAX_BLOCK_M, seqlen_q * heads) and block_m != module.DECODE_SMALL_BLOCK_M:
             continue
         config = module.DECODE_DEFAULTS[block_m]
-        schedule = module.get_decode_schedule(batch, seqlen_q, "cpu", config=config, block_m=block_m, merge=merge,
-                                              backend="triton")
+        schedule = module.get_decode_schedule(
+            batch, seqlen_q, "cpu", config=config, block_m=block_m, merge=merge, backend="triton"
+        )
         module.mla_decode(q, kv, table, lens, schedule=schedule, validate=False)
         kernel = split.compiled[-1]
-        results.append({"block_m": block_m, "config": config, "shared": kernel.metadata.shared,
-                        "resources": _resource_usage(kernel.asm["cubin"])})
+        results.append(
+            {
+                "block_m": block_m,
+                "config": config,
+                "shared": kernel.metadata.shared,
+                "resources": _resource_usage(kernel.asm["cubin"]),
+            }
+        )
     return results
 
 

@@ -144,7 +144,10 @@ def test_emitted_verbatim_into_generated_modules():
     assert "import" not in policy  # standard library at most, and today nothing at all
 
 
-def test_decode_merge_is_checked():
-    assert lp.decode_merge("fused") == "fused" and lp.decode_merge("kernel") == "kernel"
-    with pytest.raises(ValueError, match="merge: expected fused or kernel, got 'both'"):
-        lp.decode_merge("both")
+def test_decode_merge_fuses_where_sequences_have_few_runs():
+    assert lp.decode_merge("auto", batch_size=128, num_parts=66) == "fused"
+    assert lp.decode_merge("auto", batch_size=1, num_parts=132) == "kernel"
+    assert lp.decode_merge("kernel", batch_size=128, num_parts=66) == "kernel"
+    assert lp.decode_merge("fused", batch_size=1, num_parts=132) == "fused"
+    with pytest.raises(ValueError, match="merge: expected auto, fused or kernel, got 'both'"):
+        lp.decode_merge("both", batch_size=1, num_parts=1)
