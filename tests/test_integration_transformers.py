@@ -349,35 +349,72 @@ def test_forward_without_cache_runs_prefill(modes):
     assert modes == ["prefill"]
 
 
-# ---- custom ops ---------------------------------------------------------------------------------------------
-def test_custom_ops_pass_opcheck():
-    from mlagen_compiler import load
-    from mlagen_compiler.integrations.ops import kernel_ops
+# ---- custom ops, planned steps -----------------------------------------------------------------------------
+def test_patched_attention_runs_the_modules_custom_ops(monkeypatch):
+    """The kernels run through the generated module's torch.library ops (what torch.compile traces)."""
+    model = patched(tiny_v3(seed=13), torch.float16)
+    ops = model._mlagen_patch.ops
+    assert ops is model._mlagen_patch.module.ops and ops.namespace.startswith("mlagen_deepseek_v3_tp1_")
+    called = []
+    for name in ("cache_write", "prefill", "decode"):
+        op = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _op=op, _name=name: called.append(_name) or _op(*a))
+    cache = PagedMLACache(model, max_batch_size=1, max_cache_len=8)
+    with torch.no_grad():
+        model(torch.randint(1, VOCAB, (1, 3)), past_key_values=cache)
+        model(torch.randint(1, VOCAB, (1, 1)), past_key_values=cache)
+    assert called == ["cache_write", "prefill"] * 2 + ["cache_write", "decode"] * 2  # two layers per step
+    assert model.config._attn_implementation == hf.ATTN_IMPLEMENTATION  # no causal mask built for it
 
-    module = load(spec_from_config(tiny_v3().config, dtype="float16", page_size=16))
-    ops = kernel_ops(module)
-    assert kernel_ops(module) is ops and ops.namespace.startswith("mlagen_deepseek_v3_tp1_")
-    gen = torch.Generator().manual_seed(13)
-    h, dc, dr, dn, dv = 2, 64, 16, 16, 16
 
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(torch.float16)
+def test_planned_step_runs_one_step_any_number_of_times(modes):
+    """Inside planned_step every forward is the same decode step (same logits, same cache rows), planned
+    once; the cache counts the step once on leaving the block, and the next step follows on correctly."""
+    dtype = torch.float16
+    reference = tiny_v3(seed=16)
+    model = patched(reference, dtype)
+    gen = torch.Generator().manual_seed(17)
+    prompt, token, after = (torch.randint(1, VOCAB, (2, n), generator=gen) for n in (5, 1, 1))
+    cache = poisoned_cache(model, max_batch_size=2, max_cache_len=16)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache)
+        with hf.planned_step(model, cache, batch_size=2):
+            first = model(token, past_key_values=cache).logits
+            second = model(token, past_key_values=cache).logits
+            assert cache.lengths[:2] == [5, 5]
+        assert cache.lengths[:2] == [6, 6] and cache.get_seq_length() == 6
+        close(first, reference(torch.cat([prompt, token], 1)).logits[:, -1:], dtype)
+        assert torch.equal(first, second)
+        seen = torch.cat([prompt, token, after], 1)
+        close(model(after, past_key_values=cache).logits, reference(seen).logits[:, -1:], dtype)
+        wrong = r"input of 2 sequences x 2 tokens .* the planned step \(2 x 1 tokens"
+        with pytest.raises(ValueError, match=wrong), hf.planned_step(model, cache, batch_size=2):
+            model(torch.cat([token, token], 1), past_key_values=cache)
+    assert modes == ["prefill", "decode", "decode", "decode"]  # planned once for two forwards
+    assert cache.lengths[:2] == [7, 7]  # the failed block counted nothing
 
-    kv = rand(4, 16, 1, dc + dr)
-    block_table = torch.tensor([[2, 0], [3, 1]], dtype=torch.int32)
-    lens = torch.tensor([20, 9], dtype=torch.int32)
-    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
-    scale = module.SOFTMAX_SCALE
-    torch.library.opcheck(ops.decode, (rand(2, 1, h, dc + dr), kv, block_table, lens, scale))
-    mha = (rand(5, h, dn + dr), rand(5, h, dn), rand(5, dr), rand(5, h, dv), cu, 3)
-    torch.library.opcheck(ops.prefill, (*mha, scale))
-    torch.library.opcheck(
-        ops.chunked_prefill, (*mha, kv, block_table, lens, rand(h, dn, dc), rand(h, dv, dc), scale, 29)
-    )
-    slots = torch.tensor([5, -1, 40], dtype=torch.int64)
-    torch.library.opcheck(ops.cache_write, (rand(3, dc), rand(3, dr), kv, slots))
-    out = ops.decode(rand(2, 1, h, dc + dr), kv, block_table, lens, scale)
-    assert out.shape == (2, 1, h, dc) and out.dtype == torch.float16 and torch.isfinite(out).all()
+
+def test_torch_compile_fullgraph_traces_a_whole_planned_model_step():
+    """A whole model forward (every layer, the cache writes and decode) compiled with fullgraph=True inside
+    planned_step: no graph breaks, the eager logits."""
+    torch._dynamo.reset()
+    dtype = torch.float16
+    model = patched(tiny_v3(seed=18), dtype)
+    gen = torch.Generator().manual_seed(19)
+    prompt, token = torch.randint(1, VOCAB, (2, 4), generator=gen), torch.randint(1, VOCAB, (2, 1), generator=gen)
+    caches = [PagedMLACache(model, max_batch_size=2, max_cache_len=8) for _ in range(2)]
+    for cache in caches:  # rows nobody writes compare equal
+        for layer in range(len(cache.layers)):
+            cache.kv_cache(layer).zero_()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    logits = []
+    with torch.no_grad():
+        for cache, run in zip(caches, (model, compiled), strict=True):
+            model(prompt, past_key_values=cache)
+            with hf.planned_step(model, cache, batch_size=2):
+                logits.append(run(token, past_key_values=cache).logits)
+    assert torch.equal(logits[0], logits[1])
+    assert torch.equal(caches[0].kv_cache(1), caches[1].kv_cache(1))
 
 
 def test_torch_compile_traces_patched_attention_without_graph_breaks(modes):
