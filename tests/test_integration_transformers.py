@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import copy
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +121,63 @@ DEEPSEEK_V3 = {  # the MLA fields of DeepSeek-V3's public config.json
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_deepseek_v3_config_gives_the_bundled_specs(tp):
     assert spec_from_config(DEEPSEEK_V3, tp_size=tp) == load_spec(f"specs/deepseek-v3-tp{tp}.yaml")
+
+
+# The MLA fields and rope_scaling blocks of the published config.json files (huggingface.co/deepseek-ai/
+# DeepSeek-V2, deepseek-ai/DeepSeek-V2-Lite, moonshotai/Kimi-K2-Instruct): YaRN with mscale_all_dim, so the
+# models scale scores by mscale(factor, mscale_all_dim)^2 / sqrt(Dn + Dr), not by 1 / sqrt(Dn + Dr).
+_V2_YARN = {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1,
+            "original_max_position_embeddings": 4096}  # fmt: skip
+PUBLISHED = {
+    "deepseek-v2": ("deepseek_v2", {**DEEPSEEK_V3, "model_type": "deepseek_v2", "rope_scaling": _V2_YARN}),
+    "deepseek-v2-lite": (
+        "deepseek_v2",
+        {
+            **DEEPSEEK_V3,
+            "model_type": "deepseek_v2",
+            "num_attention_heads": 16,
+            "q_lora_rank": None,
+            "rope_scaling": _V2_YARN,
+        },
+    ),  # fmt: skip
+    "kimi-k2": (
+        "deepseek_v3",
+        {
+            **DEEPSEEK_V3,
+            "model_type": "kimi_k2",
+            "num_attention_heads": 64,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 32.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "beta_fast": 1.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 4096,
+            },
+        },
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_configs_give_the_bundled_specs(name):
+    """The bundled spec is what spec_from_config makes of the model's published config, and its softmax scale
+    (the committed generated module's) is the one transformers' attention computes for that config."""
+    code, config = PUBLISHED[name]
+    bundled = load_spec(f"specs/{name}.yaml")
+    assert spec_from_config(config, name=name) == bundled
+    modeling = getattr(transformers.models, code)
+    config_class = getattr(modeling, f"{code.title().replace('_', '')}Config")
+    attention_class = getattr(getattr(modeling, f"modeling_{code}"), f"{code.title().replace('_', '')}Attention")
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype")}
+    heads = config["num_attention_heads"]
+    hf_config = config_class(**fields, num_key_value_heads=heads, hidden_size=heads)  # only the attention counts
+    scale = attention_class(hf_config, 0).scaling
+    generated = (Path(__file__).resolve().parents[1] / "generated" / f"{bundled.module_name}.py").read_text()
+    generated_scale = float(re.search(r"^SOFTMAX_SCALE = (.*)$", generated, re.MULTILINE).group(1))
+    assert math.isclose(generated_scale, scale, rel_tol=1e-12)  # equal up to the order of the products
+    assert not math.isclose(scale, (128 + 64) ** -0.5, rel_tol=0.1)  # YaRN's mscale^2 is in it
 
 
 @given(
