@@ -222,8 +222,9 @@ class PagedMLACache(Cache):
             )
         self.spec: MLASpec = patch.spec
         self.page_size = patch.spec.page_size
-        self.max_batch_size = max_batch_size
-        self.max_cache_len = max_cache_len
+        # read-only properties below: transformers < 5.23's Cache defines both as properties without setters
+        self._max_batch_size = max_batch_size
+        self._max_cache_len = max_cache_len
         self.pages_per_sequence = math.ceil(max_cache_len / self.page_size)
         device = patch.device
         num_pages = max_batch_size * self.pages_per_sequence
@@ -240,6 +241,16 @@ class PagedMLACache(Cache):
         self.lengths: list[int] = [0] * max_batch_size
         self.columns = 0
         self.active_batch = 0
+
+    @property
+    def max_batch_size(self) -> int:
+        """Sequences the cache has room for."""
+        return self._max_batch_size
+
+    @property
+    def max_cache_len(self) -> int:
+        """Tokens (padding excluded) each sequence has room for."""
+        return self._max_cache_len
 
     def kv_cache(self, layer_idx: int) -> Tensor:
         """Layer `layer_idx`'s paged latent cache [num_pages, page_size, 1, Dc+Dr]."""
