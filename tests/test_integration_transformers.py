@@ -9,6 +9,7 @@ tensor within 2 * eps(dtype) relative (Frobenius) error.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import re
@@ -426,6 +427,43 @@ def test_patched_attention_runs_the_modules_custom_ops(monkeypatch):
     assert model.config._attn_implementation == hf.ATTN_IMPLEMENTATION  # no causal mask built for it
 
 
+@contextlib.contextmanager
+def no_host_reads_outside_kernels(model):
+    """Fail on any Python-level read of a tensor's value (item, tolist, bool, int, float) outside the kernel ops:
+    on a GPU each is a synchronisation, which a CUDA graph capture cannot contain. (Inside the ops the checks of
+    validation, on for CPU tensors, read values on purpose.)"""
+    ops = model._mlagen_patch.ops
+    inside = []
+    originals = {name: getattr(torch.Tensor, name) for name in ("item", "tolist", "__bool__", "__int__", "__float__")}
+
+    def guard(name):
+        def read(self, *args, **kwargs):
+            if not inside:
+                raise AssertionError(f"Tensor.{name} read a value on the host during a planned forward")
+            return originals[name](self, *args, **kwargs)
+
+        return read
+
+    def inside_op(op):
+        def call(*args, **kwargs):
+            inside.append(op)
+            try:
+                return op(*args, **kwargs)
+            finally:
+                inside.pop()
+
+        return call
+
+    saved = dict(vars(ops))
+    with pytest.MonkeyPatch.context() as patch:
+        for name in originals:
+            patch.setattr(torch.Tensor, name, guard(name))
+        for name, op in saved.items():
+            if callable(op):
+                patch.setattr(ops, name, inside_op(op))
+        yield
+
+
 def test_planned_step_runs_one_step_any_number_of_times(modes):
     """Inside planned_step every forward is the same decode step (same logits, same cache rows), planned
     once; the cache counts the step once on leaving the block, and the next step follows on correctly."""
@@ -439,7 +477,8 @@ def test_planned_step_runs_one_step_any_number_of_times(modes):
         model(prompt, past_key_values=cache)
         with hf.planned_step(model, cache, batch_size=2):
             first = model(token, past_key_values=cache).logits
-            second = model(token, past_key_values=cache).logits
+            with no_host_reads_outside_kernels(model):  # what a CUDA graph capture could not contain
+                second = model(token, past_key_values=cache).logits
             assert cache.lengths[:2] == [5, 5]
         assert cache.lengths[:2] == [6, 6] and cache.get_seq_length() == 6
         close(first, reference(torch.cat([prompt, token], 1)).logits[:, -1:], dtype)
@@ -451,6 +490,35 @@ def test_planned_step_runs_one_step_any_number_of_times(modes):
             model(torch.cat([token, token], 1), past_key_values=cache)
     assert modes == ["prefill", "decode", "decode", "decode"]  # planned once for two forwards
     assert cache.lengths[:2] == [7, 7]  # the failed block counted nothing
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_planned_model_step_captures_in_a_cuda_graph(monkeypatch):
+    """A whole patched decode step (every layer) captured in a CUDA graph inside planned_step and replayed: the
+    logits of the same step run eagerly."""
+    monkeypatch.setenv("MLAGEN_VALIDATE", "0")
+    model = patched(tiny_v3(seed=20).cuda(), torch.float16)
+    for module in {model._mlagen_patch.module}:
+        monkeypatch.setattr(module, "_VALIDATE_ALWAYS", False)  # validation synchronises: not capturable
+    gen = torch.Generator().manual_seed(21)
+    prompt, token = (torch.randint(1, VOCAB, (2, n), generator=gen).cuda() for n in (5, 1))
+    cache = PagedMLACache(model, max_batch_size=2, max_cache_len=8)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache)
+        with hf.planned_step(model, cache, batch_size=2):
+            eager = model(token, past_key_values=cache).logits.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model(token, past_key_values=cache)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static = model(token, past_key_values=cache).logits
+            static.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+    torch.testing.assert_close(static, eager, rtol=0, atol=0)
 
 
 def test_torch_compile_fullgraph_traces_a_whole_planned_model_step():
