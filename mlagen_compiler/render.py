@@ -10,7 +10,9 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import json
 import pprint
+import re
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +103,23 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         context[kind.name] = kind_plan
         tables = kind_plan.template_tables((tuned or {}).get(kind.name, {}))
         context.update({name: _literal(value) for name, value in tables.items()})
+    context["op_kinds"] = [kind.name for kind in context["kinds"]]
+    context["ops_namespace"] = ops_namespace(spec.name, context)
     return context
+
+
+def ops_namespace(spec_name: str, context: dict[str, Any]) -> str:
+    """The torch.library namespace of a module's custom ops: `mlagen_<spec name>_<hash>`, a valid identifier.
+
+    The hash covers every rendered string of the context (spec hash, templates digest, mlagen version,
+    tuned-configuration tables, ...), so two modules share a namespace only if their sources are the same:
+    torch.library.custom_op silently replaces an op registered under the same name, which would make one
+    module's ops run another's kernels.
+    """
+    strings = {key: value for key, value in context.items() if isinstance(value, str)}
+    digest = hashlib.sha256(json.dumps(strings, sort_keys=True).encode()).hexdigest()[:12]
+    stem = re.sub(r"[^a-z0-9]+", "_", spec_name.lower()).strip("_")[:32]
+    return f"mlagen_{stem}_{digest}"
 
 
 def render_module(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> str:

@@ -9,8 +9,11 @@ tensor within 2 * eps(dtype) relative (Frobenius) error.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import re
+from pathlib import Path
 
 import pytest
 
@@ -119,6 +122,63 @@ DEEPSEEK_V3 = {  # the MLA fields of DeepSeek-V3's public config.json
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_deepseek_v3_config_gives_the_bundled_specs(tp):
     assert spec_from_config(DEEPSEEK_V3, tp_size=tp) == load_spec(f"specs/deepseek-v3-tp{tp}.yaml")
+
+
+# The MLA fields and rope_scaling blocks of the published config.json files (huggingface.co/deepseek-ai/
+# DeepSeek-V2, deepseek-ai/DeepSeek-V2-Lite, moonshotai/Kimi-K2-Instruct): YaRN with mscale_all_dim, so the
+# models scale scores by mscale(factor, mscale_all_dim)^2 / sqrt(Dn + Dr), not by 1 / sqrt(Dn + Dr).
+_V2_YARN = {"type": "yarn", "factor": 40, "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1,
+            "original_max_position_embeddings": 4096}  # fmt: skip
+PUBLISHED = {
+    "deepseek-v2": ("deepseek_v2", {**DEEPSEEK_V3, "model_type": "deepseek_v2", "rope_scaling": _V2_YARN}),
+    "deepseek-v2-lite": (
+        "deepseek_v2",
+        {
+            **DEEPSEEK_V3,
+            "model_type": "deepseek_v2",
+            "num_attention_heads": 16,
+            "q_lora_rank": None,
+            "rope_scaling": _V2_YARN,
+        },
+    ),  # fmt: skip
+    "kimi-k2": (
+        "deepseek_v3",
+        {
+            **DEEPSEEK_V3,
+            "model_type": "kimi_k2",
+            "num_attention_heads": 64,
+            "rope_scaling": {
+                "type": "yarn",
+                "factor": 32.0,
+                "mscale": 1.0,
+                "mscale_all_dim": 1.0,
+                "beta_fast": 1.0,
+                "beta_slow": 1.0,
+                "original_max_position_embeddings": 4096,
+            },
+        },
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_published_configs_give_the_bundled_specs(name):
+    """The bundled spec is what spec_from_config makes of the model's published config, and its softmax scale
+    (the committed generated module's) is the one transformers' attention computes for that config."""
+    code, config = PUBLISHED[name]
+    bundled = load_spec(f"specs/{name}.yaml")
+    assert spec_from_config(config, name=name) == bundled
+    modeling = getattr(transformers.models, code)
+    config_class = getattr(modeling, f"{code.title().replace('_', '')}Config")
+    attention_class = getattr(getattr(modeling, f"modeling_{code}"), f"{code.title().replace('_', '')}Attention")
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype")}
+    heads = config["num_attention_heads"]
+    hf_config = config_class(**fields, num_key_value_heads=heads, hidden_size=heads)  # only the attention counts
+    scale = attention_class(hf_config, 0).scaling
+    generated = (Path(__file__).resolve().parents[1] / "generated" / f"{bundled.module_name}.py").read_text()
+    generated_scale = float(re.search(r"^SOFTMAX_SCALE = (.*)$", generated, re.MULTILINE).group(1))
+    assert math.isclose(generated_scale, scale, rel_tol=1e-12)  # equal up to the order of the products
+    assert not math.isclose(scale, (128 + 64) ** -0.5, rel_tol=0.1)  # YaRN's mscale^2 is in it
 
 
 @given(
@@ -349,35 +409,139 @@ def test_forward_without_cache_runs_prefill(modes):
     assert modes == ["prefill"]
 
 
-# ---- custom ops ---------------------------------------------------------------------------------------------
-def test_custom_ops_pass_opcheck():
-    from mlagen_compiler import load
-    from mlagen_compiler.integrations.ops import kernel_ops
+# ---- custom ops, planned steps -----------------------------------------------------------------------------
+def test_patched_attention_runs_the_modules_custom_ops(monkeypatch):
+    """The kernels run through the generated module's torch.library ops (what torch.compile traces)."""
+    model = patched(tiny_v3(seed=13), torch.float16)
+    ops = model._mlagen_patch.ops
+    assert ops is model._mlagen_patch.module.ops and ops.namespace.startswith("mlagen_deepseek_v3_tp1_")
+    called = []
+    for name in ("cache_write", "prefill", "decode"):
+        op = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _op=op, _name=name: called.append(_name) or _op(*a))
+    cache = PagedMLACache(model, max_batch_size=1, max_cache_len=8)
+    with torch.no_grad():
+        model(torch.randint(1, VOCAB, (1, 3)), past_key_values=cache)
+        model(torch.randint(1, VOCAB, (1, 1)), past_key_values=cache)
+    assert called == ["cache_write", "prefill"] * 2 + ["cache_write", "decode"] * 2  # two layers per step
+    assert model.config._attn_implementation == hf.ATTN_IMPLEMENTATION  # no causal mask built for it
 
-    module = load(spec_from_config(tiny_v3().config, dtype="float16", page_size=16))
-    ops = kernel_ops(module)
-    assert kernel_ops(module) is ops and ops.namespace.startswith("mlagen_deepseek_v3_tp1_")
-    gen = torch.Generator().manual_seed(13)
-    h, dc, dr, dn, dv = 2, 64, 16, 16, 16
 
-    def rand(*shape):
-        return torch.randn(*shape, generator=gen).to(torch.float16)
+@contextlib.contextmanager
+def no_host_reads_outside_kernels(model):
+    """Fail on any Python-level read of a tensor's value (item, tolist, bool, int, float) outside the kernel ops:
+    on a GPU each is a synchronisation, which a CUDA graph capture cannot contain. (Inside the ops the checks of
+    validation, on for CPU tensors, read values on purpose.)"""
+    ops = model._mlagen_patch.ops
+    inside = []
+    originals = {name: getattr(torch.Tensor, name) for name in ("item", "tolist", "__bool__", "__int__", "__float__")}
 
-    kv = rand(4, 16, 1, dc + dr)
-    block_table = torch.tensor([[2, 0], [3, 1]], dtype=torch.int32)
-    lens = torch.tensor([20, 9], dtype=torch.int32)
-    cu = torch.tensor([0, 3, 5], dtype=torch.int32)
-    scale = module.SOFTMAX_SCALE
-    torch.library.opcheck(ops.decode, (rand(2, 1, h, dc + dr), kv, block_table, lens, scale))
-    mha = (rand(5, h, dn + dr), rand(5, h, dn), rand(5, dr), rand(5, h, dv), cu, 3)
-    torch.library.opcheck(ops.prefill, (*mha, scale))
-    torch.library.opcheck(
-        ops.chunked_prefill, (*mha, kv, block_table, lens, rand(h, dn, dc), rand(h, dv, dc), scale, 29)
-    )
-    slots = torch.tensor([5, -1, 40], dtype=torch.int64)
-    torch.library.opcheck(ops.cache_write, (rand(3, dc), rand(3, dr), kv, slots))
-    out = ops.decode(rand(2, 1, h, dc + dr), kv, block_table, lens, scale)
-    assert out.shape == (2, 1, h, dc) and out.dtype == torch.float16 and torch.isfinite(out).all()
+    def guard(name):
+        def read(self, *args, **kwargs):
+            if not inside:
+                raise AssertionError(f"Tensor.{name} read a value on the host during a planned forward")
+            return originals[name](self, *args, **kwargs)
+
+        return read
+
+    def inside_op(op):
+        def call(*args, **kwargs):
+            inside.append(op)
+            try:
+                return op(*args, **kwargs)
+            finally:
+                inside.pop()
+
+        return call
+
+    saved = dict(vars(ops))
+    with pytest.MonkeyPatch.context() as patch:
+        for name in originals:
+            patch.setattr(torch.Tensor, name, guard(name))
+        for name, op in saved.items():
+            if callable(op):
+                patch.setattr(ops, name, inside_op(op))
+        yield
+
+
+def test_planned_step_runs_one_step_any_number_of_times(modes):
+    """Inside planned_step every forward is the same decode step (same logits, same cache rows), planned
+    once; the cache counts the step once on leaving the block, and the next step follows on correctly."""
+    dtype = torch.float16
+    reference = tiny_v3(seed=16)
+    model = patched(reference, dtype)
+    gen = torch.Generator().manual_seed(17)
+    prompt, token, after = (torch.randint(1, VOCAB, (2, n), generator=gen) for n in (5, 1, 1))
+    cache = poisoned_cache(model, max_batch_size=2, max_cache_len=16)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache)
+        with hf.planned_step(model, cache, batch_size=2):
+            first = model(token, past_key_values=cache).logits
+            with no_host_reads_outside_kernels(model):  # what a CUDA graph capture could not contain
+                second = model(token, past_key_values=cache).logits
+            assert cache.lengths[:2] == [5, 5]
+        assert cache.lengths[:2] == [6, 6] and cache.get_seq_length() == 6
+        close(first, reference(torch.cat([prompt, token], 1)).logits[:, -1:], dtype)
+        assert torch.equal(first, second)
+        seen = torch.cat([prompt, token, after], 1)
+        close(model(after, past_key_values=cache).logits, reference(seen).logits[:, -1:], dtype)
+        wrong = r"input of 2 sequences x 2 tokens .* the planned step \(2 x 1 tokens"
+        with pytest.raises(ValueError, match=wrong), hf.planned_step(model, cache, batch_size=2):
+            model(torch.cat([token, token], 1), past_key_values=cache)
+    assert modes == ["prefill", "decode", "decode", "decode"]  # planned once for two forwards
+    assert cache.lengths[:2] == [7, 7]  # the failed block counted nothing
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_a_planned_model_step_captures_in_a_cuda_graph(monkeypatch):
+    """A whole patched decode step (every layer) captured in a CUDA graph inside planned_step and replayed: the
+    logits of the same step run eagerly."""
+    monkeypatch.setenv("MLAGEN_VALIDATE", "0")
+    model = patched(tiny_v3(seed=20).cuda(), torch.float16)
+    for module in {model._mlagen_patch.module}:
+        monkeypatch.setattr(module, "_VALIDATE_ALWAYS", False)  # validation synchronises: not capturable
+    gen = torch.Generator().manual_seed(21)
+    prompt, token = (torch.randint(1, VOCAB, (2, n), generator=gen).cuda() for n in (5, 1))
+    cache = PagedMLACache(model, max_batch_size=2, max_cache_len=8)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache)
+        with hf.planned_step(model, cache, batch_size=2):
+            eager = model(token, past_key_values=cache).logits.clone()
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model(token, past_key_values=cache)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                static = model(token, past_key_values=cache).logits
+            static.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+    torch.testing.assert_close(static, eager, rtol=0, atol=0)
+
+
+def test_torch_compile_fullgraph_traces_a_whole_planned_model_step():
+    """A whole model forward (every layer, the cache writes and decode) compiled with fullgraph=True inside
+    planned_step: no graph breaks, the eager logits."""
+    torch._dynamo.reset()
+    dtype = torch.float16
+    model = patched(tiny_v3(seed=18), dtype)
+    gen = torch.Generator().manual_seed(19)
+    prompt, token = torch.randint(1, VOCAB, (2, 4), generator=gen), torch.randint(1, VOCAB, (2, 1), generator=gen)
+    caches = [PagedMLACache(model, max_batch_size=2, max_cache_len=8) for _ in range(2)]
+    for cache in caches:  # rows nobody writes compare equal
+        for layer in range(len(cache.layers)):
+            cache.kv_cache(layer).zero_()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    logits = []
+    with torch.no_grad():
+        for cache, run in zip(caches, (model, compiled), strict=True):
+            model(prompt, past_key_values=cache)
+            with hf.planned_step(model, cache, batch_size=2):
+                logits.append(run(token, past_key_values=cache).logits)
+    assert torch.equal(logits[0], logits[1])
+    assert torch.equal(caches[0].kv_cache(1), caches[1].kv_cache(1))
 
 
 def test_torch_compile_traces_patched_attention_without_graph_breaks(modes):

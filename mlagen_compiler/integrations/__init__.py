@@ -2,7 +2,7 @@
 
 - :mod:`mlagen_compiler.integrations.hf_config`: MLA spec from a Hugging Face config (a config object or a
   config.json), without importing transformers (used by ``mlagen spec-from-hf``).
-- :mod:`mlagen_compiler.integrations.ops`: a generated module's kernels as ``torch.library`` custom ops.
-- :mod:`mlagen_compiler.integrations.transformers`: ``patch_model`` and ``PagedMLACache`` for transformers
-  5.x DeepSeek-V2/V3-style models (needs the optional extra ``mlagen[hf]``).
+- :mod:`mlagen_compiler.integrations.transformers`: ``patch_model``, ``PagedMLACache`` and ``planned_step``
+  for transformers 5.x DeepSeek-V2/V3-style models (needs the optional extra ``mlagen[hf]``); the kernels run
+  as the generated module's own ``torch.library`` custom ops (``module.ops``).
 """

@@ -21,14 +21,17 @@ which tokens exist. Padding tokens are never written to the cache and never atte
 tokens sit at the positions they would have alone. New tokens of a step must be left-padded (zeros, then
 ones); anything else is a ``ValueError``.
 
-The kernels are ``torch.library`` custom ops (:mod:`mlagen_compiler.integrations.ops`): a patched attention
-module can be compiled with ``torch.compile(fullgraph=True)``.
+The kernels run as the generated module's ``torch.library`` custom ops (``module.ops``), so a patched
+attention module compiles with ``torch.compile(fullgraph=True)``. ``planned_step`` fixes one model step's
+plan so that a whole forward (every layer) can be captured in a CUDA graph or compiled as one graph.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MethodType, ModuleType, SimpleNamespace
 from typing import Any
@@ -40,14 +43,19 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from ..cache import load
 from ..spec import MLASpec
 from .hf_config import spec_from_config
-from .ops import kernel_ops
 
-__all__ = ["DECODE_MAX_NEW_TOKENS", "PagedMLACache", "patch_model", "spec_from_config"]
+__all__ = ["ATTN_IMPLEMENTATION", "DECODE_MAX_NEW_TOKENS", "PagedMLACache", "patch_model", "planned_step",
+           "spec_from_config"]  # fmt: skip
 
 #: steps that add at most this many tokens to every sequence run through absorbed decode (the decode kernel
 #: folds them into its head rows, as for MTP); longer steps after a prefix run through chunked prefill
 DECODE_MAX_NEW_TOKENS = 4
 _MLA_PARTS = ("kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj", "layer_idx")
+#: the attention implementation a patched model's config names. The patched attention reads the 2-D padding
+#: mask itself, so the model's own mask construction is wasted work (a 4-D mask per step for eager attention,
+#: host-side checks for sdpa, neither capturable in a CUDA graph); transformers skips it for an
+#: implementation its mask functions do not know.
+ATTN_IMPLEMENTATION = "mlagen"
 
 
 # ---- the plan of one model step, shared by all layers ----------------------------------------------------
@@ -214,8 +222,9 @@ class PagedMLACache(Cache):
             )
         self.spec: MLASpec = patch.spec
         self.page_size = patch.spec.page_size
-        self.max_batch_size = max_batch_size
-        self.max_cache_len = max_cache_len
+        # read-only properties below: transformers < 5.23's Cache defines both as properties without setters
+        self._max_batch_size = max_batch_size
+        self._max_cache_len = max_cache_len
         self.pages_per_sequence = math.ceil(max_cache_len / self.page_size)
         device = patch.device
         num_pages = max_batch_size * self.pages_per_sequence
@@ -232,6 +241,16 @@ class PagedMLACache(Cache):
         self.lengths: list[int] = [0] * max_batch_size
         self.columns = 0
         self.active_batch = 0
+
+    @property
+    def max_batch_size(self) -> int:
+        """Sequences the cache has room for."""
+        return self._max_batch_size
+
+    @property
+    def max_cache_len(self) -> int:
+        """Tokens (padding excluded) each sequence has room for."""
+        return self._max_cache_len
 
     def kv_cache(self, layer_idx: int) -> Tensor:
         """Layer `layer_idx`'s paged latent cache [num_pages, page_size, 1, Dc+Dr]."""
@@ -302,10 +321,13 @@ class PagedMLACache(Cache):
 class _Patch:
     spec: MLASpec
     module: ModuleType  # the generated module
-    ops: SimpleNamespace  # its kernels as custom ops
+    ops: SimpleNamespace  # its kernels as custom ops (module.ops)
     device: torch.device
     num_layers: int
     step: _Step | None = None
+    #: a step fixed by planned_step: every forward runs it, none plans or commits one
+    planned: _Step | None = None
+    planned_forwards: int = 0
 
 
 def _patch_of(model: nn.Module) -> _Patch | None:
@@ -365,7 +387,7 @@ def _mla_attention_forward(
     if step.mode == "decode":
         q_abs = torch.einsum("bshn,hnc->bshc", q_nope, self.mlagen_w_uk)  # absorbed: W_UK^T q_nope
         q_full = torch.cat([q_abs, q_pe], dim=-1).to(kdtype)
-        o_lat = ops.decode(q_full, kv_cache, step.block_table, step.cache_seqlens, patch.module.SOFTMAX_SCALE)
+        o_lat, _ = ops.decode(q_full, kv_cache, step.block_table, step.cache_seqlens)  # the spec's scale: the model's
         out = torch.einsum("bshc,hvc->bshv", o_lat.to(hidden_states.dtype), self.mlagen_w_uv)
         out = out.reshape(batch, seqlen, heads * spec.v_head_dim)
     else:
@@ -375,13 +397,12 @@ def _mla_attention_forward(
         k_nope = torch.einsum("tc,hnc->thn", c_new, self.mlagen_w_uk).to(kdtype)
         value = torch.einsum("tc,hvc->thv", c_new, self.mlagen_w_uv).to(kdtype)
         k_rope = k_pe[tokens].to(kdtype)
-        scale = patch.module.SOFTMAX_SCALE
         if step.mode == "prefill":
-            attn = ops.prefill(q_mha, k_nope, k_rope, value, step.cu_seqlens, step.max_seqlen, scale)
+            attn, _ = ops.prefill(q_mha, k_nope, k_rope, value, step.cu_seqlens, step.max_seqlen)
         else:
-            attn = ops.chunked_prefill(
+            attn, _ = ops.chunked_prefill(
                 q_mha, k_nope, k_rope, value, step.cu_seqlens, step.max_seqlen, kv_cache, step.block_table,
-                step.prefix_lens, self.mlagen_w_uk_kernel, self.mlagen_w_uv_kernel, scale, sum(step.lengths_before),
+                step.prefix_lens, self.mlagen_w_uk_kernel, self.mlagen_w_uv_kernel, sum(step.lengths_before),
             )  # fmt: skip
         # padding rows get zeros: nothing attends to them and their outputs are not results
         out = hidden_states.new_zeros(batch * seqlen, heads * spec.v_head_dim)
@@ -412,13 +433,22 @@ def _before_forward(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple
     if inputs is None:
         raise ValueError("input_ids / inputs_embeds: one of them is required")
     batch, num_new = inputs.shape[:2]
-    mask = kwargs.get("attention_mask")
-    if mask is not None and mask.ndim != 2:
-        raise ValueError(
-            f"attention_mask: a mlagen-patched model takes the 2-D padding mask (1 = token, 0 = padding), got a "
-            f"{mask.ndim}-D mask"
-        )
-    step = _plan_step(cache, mask, batch, num_new, patch.device)
+    step = patch.planned
+    if step is not None:
+        if cache is not step.cache or (batch, num_new) != (step.batch, step.num_new):
+            raise ValueError(
+                f"input of {batch} sequences x {num_new} tokens with {type(cache).__name__}: inside planned_step the "
+                f"forward must feed the planned step ({step.batch} x {step.num_new} tokens, its PagedMLACache)"
+            )
+        patch.planned_forwards += 1
+    else:
+        mask = kwargs.get("attention_mask")
+        if mask is not None and mask.ndim != 2:
+            raise ValueError(
+                f"attention_mask: a mlagen-patched model takes the 2-D padding mask (1 = token, 0 = padding), got "
+                f"a {mask.ndim}-D mask"
+            )
+        step = _plan_step(cache, mask, batch, num_new, patch.device)
     patch.step = step
     if kwargs.get("position_ids") is None:
         kwargs["position_ids"] = step.position_ids  # each token at its position in its own sequence
@@ -430,9 +460,55 @@ def _before_forward(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple
 def _after_forward(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
     patch: _Patch = module._mlagen_patch
     step, patch.step = patch.step, None
-    if step is not None and step.cache is not None:
+    if step is not None and step.cache is not None and patch.planned is None:
         step.cache._commit(step)
     return output
+
+
+@contextmanager
+def planned_step(
+    model: nn.Module,
+    cache: PagedMLACache,
+    *,
+    batch_size: int,
+    num_new_tokens: int = 1,
+    attention_mask: Tensor | None = None,
+) -> Iterator[None]:
+    """Plan the next step of a patched model once; every forward inside the block runs exactly that step.
+
+    For capturing a whole model step in a CUDA graph, or compiling it with torch.compile: planning a step
+    reads the mask and the cache's lengths on the host and copies small tensors to the device, which a
+    graph capture cannot contain and a compiler would have to break the graph for. Inside the block a
+    forward does no host work of mlagen's: it reuses the plan's device tensors (positions, cache slots,
+    lengths, block table). Each forward inside writes the same cache rows and reads the same lengths, so
+    it may run any number of times (warm-up, capture, replays) with the same result. Leaving the block
+    without an error, after at least one forward, counts the step's tokens in the cache once.
+
+    Forwards inside must feed `batch_size` sequences of `num_new_tokens` tokens with `cache` as
+    past_key_values; `attention_mask` is the 2-D mask of the whole step (as for a plain forward) and
+    decides the plan, the mask given to the forwards does not. Pass `position_ids=None` to the forwards:
+    the plan's positions are used.
+    """
+    patch = _patch_of(model)
+    if patch is None:
+        raise ValueError("model: not patched by mlagen: call patch_model(model) before planned_step(model, ...)")
+    if not isinstance(cache, PagedMLACache):
+        raise TypeError(f"cache: expected a PagedMLACache, got {type(cache).__name__}")
+    for name, value in (("batch_size", batch_size), ("num_new_tokens", num_new_tokens)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is not allowed: must be an int >= 1")
+    if patch.planned is not None:
+        raise RuntimeError("planned_step: a step is already planned for this model (blocks do not nest)")
+    if attention_mask is not None and attention_mask.ndim != 2:
+        raise ValueError(f"attention_mask: expected the 2-D padding mask, got a {attention_mask.ndim}-D mask")
+    step = _plan_step(cache, attention_mask, batch_size, num_new_tokens, patch.device)
+    patch.planned, patch.planned_forwards = step, 0
+    try:
+        yield
+    finally:
+        patch.planned = None
+    if patch.planned_forwards:  # the step's rows are in the cache
+        cache._commit(step)
 
 
 def _mla_modules(model: nn.Module) -> list[nn.Module]:
@@ -464,7 +540,7 @@ def patch_model(model: nn.Module, *, page_size: int = 64, dtype: torch.dtype | s
                              f"dtype={dtype}")  # fmt: skip
         return model
     module = load(spec)
-    patch = _Patch(spec, module, kernel_ops(module), param.device, max(a.layer_idx for a in attns) + 1)
+    patch = _Patch(spec, module, module.ops, param.device, max(a.layer_idx for a in attns) + 1)
     kernel_dtype = getattr(torch, spec.dtype)
     for attn in attns:
         if attn.num_heads != spec.num_heads:
@@ -485,6 +561,8 @@ def patch_model(model: nn.Module, *, page_size: int = 64, dtype: torch.dtype | s
         attn.mlagen_rope = _rope_function(attn)
         attn._mlagen_patch = patch
         attn.forward = MethodType(_mla_attention_forward, attn)
+    for config in {id(c): c for c in [model.config, *(attn.config for attn in attns)]}.values():
+        config._attn_implementation = ATTN_IMPLEMENTATION
     base = _base_model(model)
     for holder in {id(model): model, id(base): base}.values():
         holder._mlagen_patch = patch

@@ -1,0 +1,171 @@
+"""A generated module's kernels as torch.library custom ops (`module.ops`): the ops pass
+torch.library.opcheck, return what the plain wrappers return, trace with torch.compile(fullgraph=True),
+live in a namespace of their own per module source, and are registered once per process however often
+the same file is imported."""
+
+import shutil
+
+import pytest
+import torch
+from helpers import SMALL_SPEC
+
+from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict
+
+FIELDS = {
+    **SMALL_SPEC, "name": "ops", "num_heads": 2, "qk_nope_head_dim": 16, "v_head_dim": 16, "page_size": 4,
+    "kernels": ["decode", "prefill"],
+}  # fmt: skip
+DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")  # as in conftest
+
+
+@pytest.fixture
+def module(build_module):
+    return build_module(**FIELDS)
+
+
+def inputs(module, seed=0):
+    """Small random arguments of every op: two sequences, prefixes of 7 and 3 cached tokens."""
+    g = torch.Generator().manual_seed(seed)
+    h, dc, dr, dn, dv = (module.NUM_HEADS, module.KV_LORA_RANK, module.QK_ROPE_HEAD_DIM, module.QK_NOPE_HEAD_DIM,
+                         module.V_HEAD_DIM)  # fmt: skip
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(module.DTYPE).to(DEVICE)
+
+    def ints(values, dtype=torch.int32):
+        return torch.tensor(values, dtype=dtype, device=DEVICE)
+
+    kv = rand(6, module.PAGE_SIZE, 1, dc + dr)
+    lengths = [7, 3]
+    mha = (rand(5, h, dn + dr), rand(5, h, dn), rand(5, dr), rand(5, h, dv), ints([0, 3, 5]), 3)
+    return {
+        "decode": (rand(2, 2, h, dc + dr), kv, ints([[4, 1], [0, 5]]), ints(lengths)),
+        "prefill": mha,
+        "chunked_prefill": (*mha, kv, ints([[4, 1], [0, 5]]), ints(lengths), rand(h, dn, dc), rand(h, dv, dc), 10),
+        "cache_write": (rand(3, dc), rand(3, dr), kv.clone(), ints([5, -1, 22], torch.int64)),
+    }
+
+
+@pytest.mark.parametrize("name", ["decode", "prefill", "chunked_prefill", "cache_write"])
+def test_opcheck(module, name):
+    torch.library.opcheck(getattr(module.ops, name), inputs(module)[name])
+
+
+def test_ops_return_what_the_wrappers_return(module):
+    args = inputs(module)
+    for name, wrapper in [("decode", module.mla_decode), ("prefill", module.mla_prefill)]:
+        out, lse = getattr(module.ops, name)(*args[name])
+        want, want_lse = wrapper(*args[name], return_lse=True)
+        assert torch.equal(out, want) and torch.equal(lse, want_lse), name
+    *mha, kv, table, prefix, w_uk, w_uv, total = args["chunked_prefill"]
+    out, lse = module.ops.chunked_prefill(*args["chunked_prefill"], softmax_scale=0.25)
+    want, want_lse = module.mla_chunked_prefill(*mha, kv, table, prefix, w_uk, w_uv, softmax_scale=0.25,
+                                                return_lse=True, num_prefix_tokens=total)  # fmt: skip
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+    c_kv, k_pe, cache, slots = args["cache_write"]
+    expected = module.mla_cache_write(c_kv, k_pe, cache.clone(), slots)
+    assert module.ops.cache_write(c_kv, k_pe, cache, slots) is None and torch.equal(cache, expected)
+
+
+def test_fake_outputs_have_the_real_shapes_and_dtypes(module):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    args = inputs(module)
+    for name in ("decode", "prefill", "chunked_prefill"):
+        real = getattr(module.ops, name)(*args[name])
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            fake = getattr(module.ops, name)(*args[name])
+        assert [(t.shape, t.dtype, t.device) for t in fake] == [(t.shape, t.dtype, t.device) for t in real], name
+
+
+def test_a_step_compiles_with_fullgraph(module):
+    """Cache write, decode and prefill in one function under torch.compile(fullgraph=True): a graph break
+    would raise; the compiled function gives the eager results."""
+    args = inputs(module)
+    c_kv, k_pe, _, slots = args["cache_write"]
+    q, kv, table, lengths = args["decode"]
+
+    def step(kv):
+        module.ops.cache_write(c_kv, k_pe, kv, slots)
+        out, lse = module.ops.decode(q, kv, table, lengths)
+        pre, _ = module.ops.prefill(*args["prefill"], softmax_scale=0.5)
+        return out.float().sum(-1) + lse.transpose(1, 2), pre * 2
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    eager_kv, compiled_kv = kv.clone(), kv.clone()
+    want = step(eager_kv)
+    got = compiled(compiled_kv)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    assert torch.equal(compiled_kv, eager_kv) and not torch.equal(compiled_kv, kv)  # the write happened
+
+
+def test_namespace_is_an_identifier_per_module_source(module, build_module):
+    namespace = module.ops.namespace
+    assert namespace == module.OPS_NAMESPACE and namespace.isidentifier() and namespace.startswith("mlagen_ops_")
+    other = build_module(**{**FIELDS, "page_size": 8})  # same name, other kernels
+    assert other.ops.namespace != namespace and other.ops.decode is not module.ops.decode
+    args = inputs(other)
+    out, _ = other.ops.decode(*args["decode"])
+    assert torch.equal(out, other.mla_decode(*args["decode"]))  # each module runs its own kernels
+
+
+def test_importing_the_same_file_twice_keeps_the_first_registration(module, tmp_path, monkeypatch):
+    """A second copy of the module (another path, as `load()` beside a vendored `generated/` file) imports
+    without error and shares the ops, which keep running the first copy's functions: torch.library would
+    otherwise have replaced the registration behind the first copy's back."""
+    copy = tmp_path / "again" / f"{FIELDS['name']}.py"
+    copy.parent.mkdir()
+    shutil.copy(module.__file__, copy)
+    again = import_module_from_path(copy)
+    assert again is not module and again.ops.namespace == module.ops.namespace
+    assert again.ops.cache_write is module.ops.cache_write and again.ops.decode is module.ops.decode
+    calls = []
+    monkeypatch.setattr(module, "mla_cache_write", lambda *args: calls.append("first"))
+    monkeypatch.setattr(again, "mla_cache_write", lambda *args: calls.append("second"))
+    again.ops.cache_write(*inputs(module)["cache_write"])
+    assert calls == ["first"]
+
+
+def test_a_spec_with_another_source_gets_another_namespace(tmp_path):
+    """Two modules of one spec that differ in their rendered source (here: tuned configurations) never share
+    ops, even loaded together."""
+    spec = spec_from_dict({**FIELDS, "name": "ops-tuned"})
+    plain = import_module_from_path(compile_spec(spec, tmp_path / "plain"))
+    tuned = import_module_from_path(compile_spec(spec, tmp_path / "tuned", {"decode": {"sm90|*|m16": [32, 4, 3]}}))
+    assert plain.SPEC_HASH == tuned.SPEC_HASH and plain.ops.namespace != tuned.ops.namespace
+
+
+def test_decode_op_plans_once_per_batch_shape(module, monkeypatch):
+    plans = []
+    plan = module.get_decode_schedule
+    monkeypatch.setattr(module, "get_decode_schedule", lambda *a, **k: plans.append(a[:2]) or plan(*a, **k))
+    monkeypatch.setattr(module, "_OP_SCHEDULES", {})
+    q, kv, table, lengths = inputs(module)["decode"]
+    for _ in range(3):
+        module.ops.decode(q, kv, table, lengths)
+    module.ops.decode(q[:, :1], kv, table, lengths)
+    assert plans == [(2, 2), (2, 1)]
+
+
+def test_bad_arguments_are_the_wrappers_one_line_errors(module):
+    q, kv, table, lengths = inputs(module)["decode"]
+    with pytest.raises(ValueError, match=r"^q: expected 4 dimensions, got shape \(2, 2, 80\)$"):
+        module.ops.decode(q[:, :, 0], kv, table, lengths)
+    table[1, 0] = 99
+    with pytest.raises(ValueError, match=r"^block_table\[1, 0\] = 99: a page used by its sequence"):
+        module.ops.decode(q, kv, table, lengths)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+def test_decode_op_captures_in_a_cuda_graph(module, monkeypatch):
+    monkeypatch.setattr(module, "_VALIDATE_ALWAYS", False)  # validation synchronises: not capturable
+    q, kv, table, lengths = inputs(module)["decode"]
+    want, want_lse = module.ops.decode(q, kv, table, lengths)  # compiles the kernels, plans the schedule
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = module.ops.decode(q, kv, table, lengths)
+    out.zero_()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want) and torch.equal(lse, want_lse)
