@@ -140,7 +140,7 @@ def test_decode_op_plans_once_per_batch_shape(module, monkeypatch):
     plans = []
     plan = module.get_decode_schedule
     monkeypatch.setattr(module, "get_decode_schedule", lambda *a, **k: plans.append(a[:2]) or plan(*a, **k))
-    monkeypatch.setattr(module, "_OP_SCHEDULES", {})
+    monkeypatch.setattr(module, "_DEFAULT_SCHEDULES", {})
     q, kv, table, lengths = inputs(module)["decode"]
     for _ in range(3):
         module.ops.decode(q, kv, table, lengths)
