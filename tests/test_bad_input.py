@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 import mlagen_compiler
 from mlagen_compiler.cache import CacheError
@@ -21,10 +22,9 @@ def run_main(capsys, *argv):
 
 
 def spec_file(directory: Path, file_name: str, **replace: str) -> Path:
-    text = LITE
-    for key, value in replace.items():
-        lines = [ln for ln in text.splitlines() if not ln.startswith(f"{key}:")]
-        text = "\n".join([*lines, f"{key}: {value}"]) + "\n"
+    """The deepseek-v2-lite spec with top-level fields replaced by YAML snippets (mappings included)."""
+    fields = {**yaml.safe_load(LITE), **{key: yaml.safe_load(value) for key, value in replace.items()}}
+    text = yaml.safe_dump(fields, sort_keys=False)
     path = directory / file_name
     path.write_text(text)
     return path
