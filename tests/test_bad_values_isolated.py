@@ -5,41 +5,41 @@ signal (a crash, a foreign memory access) or a return (a silent wrong answer). O
 crash cannot hide the rest. (Unvalidated, a bad page or slot kills the interpreter with SIGSEGV.)
 
 Processes: a fresh `python -c` costs ~4.5 s here (importing torch), so the 23 cases would add ~100 s per
-Triton version; each case instead runs in a child forked from the test process (the module already
-imported), ~0.05 s, which isolates a crash exactly as well: the child has its own address space, and its
-death by a signal is seen by the parent as such. MLAGEN_ISOLATE=spawn runs each case in a fresh interpreter
-instead (the same snippets), and so do platforms without fork.
+Triton version. Each case instead runs in a child forked by a multiprocessing fork server: one fresh
+interpreter that has imported torch and run nothing, so its children (their own address spaces: a death by
+a signal is seen as such) are safe to fork. Forking the pytest process itself is not: its torch thread
+pools, started by earlier tests, leave locks held in a child (seen: a child hung on a futex in CI).
+MLAGEN_ISOLATE=spawn runs each case in a fresh interpreter instead (the same snippets), and so do
+platforms without the fork server.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
+import tempfile
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_PATH = ROOT / "generated" / "deepseek_v3_tp8.py"
-SPAWN = os.environ.get("MLAGEN_ISOLATE") == "spawn" or not hasattr(os, "fork")
+SPAWN = os.environ.get("MLAGEN_ISOLATE") == "spawn" or "forkserver" not in multiprocessing.get_all_start_methods()
 TIMEOUT_S = 300.0  # a case that hangs fails instead of stalling the suite
 
 # Run in the child before the case: the module and small, valid arguments of each wrapper, which a case
 # spoils in one value. Two sequences of 70 and 9 cached tokens own pages [1, 2] and [0] of a pool of 4
 # (rows hold 128 tokens); 3 and 5 new tokens for prefill.
 PRELUDE = f"""
-import importlib.util, sys
+import importlib.util, os, sys
+os.environ["TRITON_INTERPRET"] = "1"  # CPU tensors: the interpreter's kernels, on a GPU machine too
 import torch
-name = "mlagen_isolated_cases"
-if name not in sys.modules:  # a fresh interpreter (spawn); a forked child has it already
-    spec = importlib.util.spec_from_file_location(name, {str(MODULE_PATH)!r})
-    sys.modules[name] = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sys.modules[name])
-m = sys.modules[name]
+spec = importlib.util.spec_from_file_location("mlagen_isolated_cases", {str(MODULE_PATH)!r})
+m = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(m)
 H, DC, DR, DN, DV = m.NUM_HEADS, m.KV_LORA_RANK, m.QK_ROPE_HEAD_DIM, m.QK_NOPE_HEAD_DIM, m.V_HEAD_DIM
 g = torch.Generator().manual_seed(0)
 def rand(*shape): return torch.randn(*shape, generator=g).to(m.DTYPE)
@@ -108,45 +108,25 @@ def run_isolated(snippet: str) -> tuple[int | None, int | None, str]:
         lines = child.stdout.strip().splitlines()
         died = -child.returncode if child.returncode < 0 else None
         return (None if died else child.returncode), died, lines[-1] if lines else ""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: one case, its report through the pipe, then exit without any cleanup
-        os.close(read)
-        namespace: dict = {}
-        exec(code, namespace)
-        os.write(write, namespace["report"].encode())
-        os._exit(0)
-    os.close(write)
-    report, deadline = b"", time.monotonic() + TIMEOUT_S
-    with os.fdopen(read, "rb") as pipe:
-        while select.select([pipe], [], [], max(0.0, deadline - time.monotonic()))[0]:
-            chunk = os.read(pipe.fileno(), 65536)
-            if not chunk:
-                break
-            report += chunk
-    if time.monotonic() >= deadline:
-        os.kill(pid, signal.SIGKILL)  # our own child, by its id
-    _, status = os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        return None, os.WTERMSIG(status), report.decode()
-    return os.WEXITSTATUS(status), None, report.decode()
+    with tempfile.TemporaryDirectory() as directory:
+        report_path = Path(directory) / "report"
+        write_report = f"open({str(report_path)!r}, 'w').write(report)\n"
+        # target: the builtin exec (the fork server pickles a target by name; a test module is not importable)
+        child = _FORK_SERVER.Process(target=exec, args=(code + write_report, {}))
+        child.start()
+        child.join(TIMEOUT_S)
+        if child.is_alive():
+            child.kill()  # our own child: a hang fails the case instead of stalling the suite
+            child.join()
+        report = report_path.read_text() if report_path.exists() else ""
+    if child.exitcode < 0:
+        return None, -child.exitcode, report
+    return child.exitcode, None, report
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _module_in_parent():
-    """Forked children inherit the imported module (the import is what a fresh process pays for). Its kernels
-    are the interpreter's (decided at import) so that children never touch a GPU the parent may have used."""
-    if SPAWN:
-        return
-    before = os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"
-    try:
-        exec(PRELUDE, {})
-    finally:
-        if before is None:
-            del os.environ["TRITON_INTERPRET"]
-        else:
-            os.environ["TRITON_INTERPRET"] = before
+_FORK_SERVER = multiprocessing.get_context("forkserver") if not SPAWN else None
+if _FORK_SERVER is not None:
+    _FORK_SERVER.set_forkserver_preload(["torch"])
 
 
 @pytest.mark.parametrize("case", list(CASES))
