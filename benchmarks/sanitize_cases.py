@@ -2,7 +2,7 @@
 workload `scripts/sanitize.sh` runs under compute-sanitizer (memcheck, racecheck, synccheck, initcheck).
 
 Results are also checked against the reference, so a run that the sanitizer passes is a correct run.
-Usage: python benchmarks/sanitize_cases.py [--backends triton,gluon]
+Usage: python benchmarks/sanitize_cases.py [--backends triton,gluon] [--merges fused,kernel]
 """
 
 from __future__ import annotations
@@ -44,8 +44,10 @@ CACHE_WRITE = [CacheWriteCase("T=300", 300, 16)]
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--backends", default="", help="decode backends to force, comma-separated (default: auto)")
+    parser.add_argument("--merges", default="", help="merges of split sequences to force (default: auto)")
     args = parser.parse_args()
     backends = [b for b in args.backends.split(",") if b] or [None]
+    merges = [m for m in args.merges.split(",") if m] or [None]
     device = torch.device("cuda")
     failed = 0
     for fields in SPECS:
@@ -57,8 +59,11 @@ def main() -> int:
         for backend in backends:
             if backend is not None:
                 os.environ["MLAGEN_DECODE_BACKEND"] = backend
-            for i, case in enumerate(DECODE):
-                results.append(run_decode_case(module, case, torch.Generator().manual_seed(i), device))
+            for merge in merges:
+                if merge is not None:
+                    os.environ["MLAGEN_DECODE_MERGE"] = merge
+                for i, case in enumerate(DECODE):
+                    results.append(run_decode_case(module, case, torch.Generator().manual_seed(i), device))
         for i, case in enumerate(PREFILL):
             results += run_prefill_case(module, case, torch.Generator().manual_seed(100 + i), device)
         for i, case in enumerate(CACHE_WRITE):
