@@ -145,7 +145,10 @@ def test_emitted_verbatim_into_generated_modules():
 
 
 def test_decode_merge_fuses_where_sequences_have_few_runs():
-    assert lp.decode_merge("auto", batch_size=128, num_parts=66) == "fused"
+    assert lp.decode_merge("auto", batch_size=128, num_parts=132) == "fused"
+    assert lp.decode_merge("auto", batch_size=32, num_parts=128) == "fused"
+    assert lp.decode_merge("auto", batch_size=32, num_parts=129) == "kernel"
+    assert lp.decode_merge("auto", batch_size=8, num_parts=132) == "kernel"
     assert lp.decode_merge("auto", batch_size=1, num_parts=132) == "kernel"
     assert lp.decode_merge("kernel", batch_size=128, num_parts=66) == "kernel"
     assert lp.decode_merge("fused", batch_size=1, num_parts=132) == "fused"
