@@ -23,7 +23,11 @@ def run_main(capsys, *argv):
 def spec_file(directory: Path, file_name: str, **replace: str) -> Path:
     text = LITE
     for key, value in replace.items():
-        lines = [ln for ln in text.splitlines() if not ln.startswith(f"{key}:")]
+        lines, dropping = [], False
+        for line in text.splitlines():  # drop the key's line and the indented block under it
+            dropping = line.startswith(f"{key}:") or (dropping and line.startswith(" "))
+            if not dropping:
+                lines.append(line)
         text = "\n".join([*lines, f"{key}: {value}"]) + "\n"
     path = directory / file_name
     path.write_text(text)
