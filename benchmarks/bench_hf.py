@@ -416,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         run_section(report, "cuda_graph", bench.cuda_graph_section)
         run_section(report, "compile", bench.compile_section)
     out = Path(args.out)
-    if out.is_dir():
+    if out.is_dir() or args.out.endswith(("/", os.sep)):
         out = out / "bench_hf.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
