@@ -157,7 +157,8 @@ class Bench:
         args = self.args
         self.config = model_config(args)
         torch.manual_seed(args.seed)
-        self.reference = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype).to(self.device).eval()
+        with self.device:  # random initialisation on the device: seconds instead of a minute on the host
+            self.reference = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype).eval()
         self.patched = patch_model(copy.deepcopy(self.reference), page_size=args.page_size, dtype=self.dtype)
         gen = torch.Generator().manual_seed(args.seed + 1)
         lengths = torch.randint(max(1, args.prompt // 2), args.prompt + 1, (args.batch,), generator=gen).tolist()
@@ -415,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         run_section(report, "cuda_graph", bench.cuda_graph_section)
         run_section(report, "compile", bench.compile_section)
     out = Path(args.out)
-    if out.is_dir():
+    if out.is_dir() or args.out.endswith(("/", os.sep)):
         out = out / "bench_hf.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2, default=str))
