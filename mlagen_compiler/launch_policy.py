@@ -76,17 +76,20 @@ def select_decode_backend(
     return "triton", why
 
 
-def decode_merge(requested, *, batch_size, num_parts):
+def decode_merge(requested, *, backend, batch_size, num_parts):
     """How split sequences are merged: "fused" or "kernel" as requested (MLAGEN_DECODE_MERGE or the call's
-    merge=), or for "auto" "fused" where sequences average at most about five runs (num_parts <= 4 * batch).
+    merge=), or for "auto": "fused" for the Gluon backend where sequences average at most about five runs
+    (num_parts <= 4 * batch), else "kernel".
 
-    Measured on the H100 (bf16, S=8192, Gluon, 2026-11-22), fused against the combine launch: H128 B32
-    (p66) 182 against 215 us, H64 B128 479 / 495, H32 B128 Sq2 479 / 496, H128 B128 553 / 570, Mistral-Small-4
-    264 / 268, H16 B128 452 / 447 (the one loss, 1.2%); but B1 H16 graph-replayed 43-51 against 14-22 us (a
-    128-run sequence merged up the tree by one program a level) and the skewed B4 batch 84-104 against 54-68.
+    Measured on the H100 (bf16, S=8192, 2026-11-22), fused against the combine launch. Gluon: H128 B32 (p66)
+    182 against 215 us, H64 B128 479 / 495, H32 B128 Sq2 479 / 496, H128 B128 553 / 570, Mistral-Small-4
+    264 / 268, H16 B128 452 / 447 (the one loss, 1.2%). Small batches lose: B1 H16 graph-replayed 43-51
+    against 14-22 us (a 128-run sequence merged up the tree by one program a level), the skewed B4 batch
+    84-104 against 54-68. The portable kernel's wide row blocks lose too (the merge adds registers to a
+    kernel at its limit): Mistral-Small-4 360 against 260 us, H64 B128 692 / 642.
     """
     if requested == "auto":
-        return "fused" if num_parts <= 4 * batch_size else "kernel"
+        return "fused" if backend == "gluon" and num_parts <= 4 * batch_size else "kernel"
     if requested not in DECODE_MERGES:
         raise _policy_error("merge", f"expected auto, fused or kernel, got {requested!r}")
     return requested

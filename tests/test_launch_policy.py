@@ -145,12 +145,13 @@ def test_emitted_verbatim_into_generated_modules():
 
 
 def test_decode_merge_fuses_where_sequences_have_few_runs():
-    assert lp.decode_merge("auto", batch_size=128, num_parts=132) == "fused"
-    assert lp.decode_merge("auto", batch_size=32, num_parts=128) == "fused"
-    assert lp.decode_merge("auto", batch_size=32, num_parts=129) == "kernel"
-    assert lp.decode_merge("auto", batch_size=8, num_parts=132) == "kernel"
-    assert lp.decode_merge("auto", batch_size=1, num_parts=132) == "kernel"
-    assert lp.decode_merge("kernel", batch_size=128, num_parts=66) == "kernel"
-    assert lp.decode_merge("fused", batch_size=1, num_parts=132) == "fused"
+    gluon = dict(backend="gluon")
+    assert lp.decode_merge("auto", batch_size=128, num_parts=132, **gluon) == "fused"
+    assert lp.decode_merge("auto", batch_size=32, num_parts=128, **gluon) == "fused"
+    assert lp.decode_merge("auto", batch_size=32, num_parts=129, **gluon) == "kernel"
+    assert lp.decode_merge("auto", batch_size=1, num_parts=132, **gluon) == "kernel"
+    assert lp.decode_merge("auto", batch_size=128, num_parts=132, backend="triton") == "kernel"
+    assert lp.decode_merge("fused", batch_size=1, num_parts=132, backend="triton") == "fused"
+    assert lp.decode_merge("kernel", batch_size=128, num_parts=66, **gluon) == "kernel"
     with pytest.raises(ValueError, match="merge: expected auto, fused or kernel, got 'both'"):
-        lp.decode_merge("both", batch_size=1, num_parts=1)
+        lp.decode_merge("both", batch_size=1, num_parts=1, **gluon)
