@@ -49,6 +49,8 @@ page_size: 64          # power of two, 1..256
         ("dtype", "float32", "bfloat16"),
         ("name", "Bad Name", "pattern"),
         ("kernels", ["decode", "decode"], "once"),
+        ("cache_dtype", "float16", "the spec's dtype (bfloat16) or one of float8_e4m3fn"),
+        ("cache_dtype", "fp8", "float8_e4m3fn"),
     ],
 )
 def test_invalid_field_names_field_value_and_allowed(field, value, allowed):
@@ -105,6 +107,18 @@ def test_hash_ignores_key_order_comments_whitespace(tmp_path):
     b.write_text("# comment\n" + yaml.safe_dump(dict(reversed(list(BASE.items()))), sort_keys=False, indent=4))
     assert load_spec(a).content_hash() == load_spec(b).content_hash()
     assert spec_from_dict({**BASE, "page_size": 32}).content_hash() != load_spec(a).content_hash()
+
+
+def test_cache_dtype_defaults_to_the_dtype():
+    """An omitted (or null) cache_dtype is the spec's dtype, and writing it out does not change the hash."""
+    plain = spec_from_dict(BASE)
+    assert plain.cache_dtype == "bfloat16" and not plain.cache_scaled
+    for explicit in ("bfloat16", None):
+        assert spec_from_dict({**BASE, "cache_dtype": explicit}).content_hash() == plain.content_hash()
+    assert spec_from_dict({**BASE, "dtype": "float16"}).cache_dtype == "float16"
+    fp8 = spec_from_dict({**BASE, "cache_dtype": "float8_e4m3fn"})
+    assert fp8.cache_scaled and fp8.dtype == "bfloat16" and fp8.content_hash() != plain.content_hash()
+    assert spec_from_dict({**BASE, "dtype": "float16", "cache_dtype": "float8_e4m3fn"}).cache_scaled
 
 
 def test_bundled_specs_cover_design_geometries():
