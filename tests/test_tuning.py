@@ -146,9 +146,22 @@ def test_geometry_keys_name_what_the_kernels_depend_on():
     assert tuning.kernel_geometry("prefill", spec_from_dict({**FIELDS, "page_size": 64, "kv_lora_rank": 128})) == (
         tuning.kernel_geometry("prefill", spec)
     )
-    for field, value in (("kv_lora_rank", 128), ("qk_rope_head_dim", 32), ("page_size", 64), ("dtype", "bfloat16")):
+    for field, value in (
+        ("kv_lora_rank", 128),
+        ("qk_rope_head_dim", 32),
+        ("page_size", 64),
+        ("dtype", "bfloat16"),
+        ("cache_dtype", "float8_e4m3fn"),
+    ):
         changed = spec_from_dict({**FIELDS, field: value})
         assert tuning.kernel_geometry("decode", changed) != tuning.kernel_geometry("decode", spec), field
+    # an fp8 cache has decode entries of its own; a 16-bit one keeps its key; prefill never reads the cache
+    fp8 = spec_from_dict({**FIELDS, "cache_dtype": "float8_e4m3fn"})
+    assert tuning.kernel_geometry("decode", fp8) == "dc64-dr16-page16-float16-float8_e4m3fn"
+    assert tuning.kernel_geometry("decode", spec_from_dict({**FIELDS, "cache_dtype": "float16"})) == (
+        "dc64-dr16-page16-float16"
+    )
+    assert tuning.kernel_geometry("prefill", fp8) == tuning.kernel_geometry("prefill", spec)
     with pytest.raises(ValueError, match="kernel 'combine': no tuning key"):
         tuning.kernel_geometry("combine", spec)
 
