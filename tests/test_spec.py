@@ -141,6 +141,8 @@ def test_bundled_specs_cover_design_geometries():
         "deepseek-v3-tp2": (64, 1536, 512, 64, 128, 128),
         "kimi-k2": (64, 1536, 512, 64, 128, 128),
         "mistral-small-4": (32, 1024, 256, 64, 64, 128),
+        "deepseek-v3-tp8-fp8": (16, 1536, 512, 64, 128, 128),
+        "mistral-small-4-fp8": (32, 1024, 256, 64, 64, 128),
     }
     for name, want in geometry.items():
         s = resolve_spec(name)
@@ -153,6 +155,11 @@ def test_bundled_specs_cover_design_geometries():
             s.v_head_dim,
         )
         assert got == want, name
+        assert s.cache_dtype == ("float8_e4m3fn" if name.endswith("-fp8") else s.dtype), name
+    # an fp8 spec is its 16-bit twin with the cache dtype changed, nothing else
+    for name in ("deepseek-v3-tp8", "mistral-small-4"):
+        twin = resolve_spec(f"{name}-fp8").to_flat_dict()
+        assert {**twin, "name": name, "cache_dtype": "bfloat16"} == resolve_spec(name).to_flat_dict()
 
 
 def test_published_schema_is_current():
