@@ -211,8 +211,8 @@ def test_fp8_decode_replays_in_a_cuda_graph_and_reads_the_scale_on_the_device(bu
     schedule = module.get_decode_schedule(4, 1, device)
     out = torch.empty(4, 1, 16, 512, dtype=module.DTYPE, device=device)
 
-    def run():
-        module.mla_decode(**inputs, kv_scale=scale, schedule=schedule, out=out)
+    def run():  # validate=False: checking index values reads them on the host, which a capture forbids
+        module.mla_decode(**inputs, kv_scale=scale, schedule=schedule, out=out, validate=False)
 
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
