@@ -5,7 +5,11 @@ generated kernel against an fp32 reference on the same random inputs and times i
 with `triton.testing.do_bench` medians. Small-batch cases are also timed as serving engines run decode:
 replaying a captured CUDA graph of the whole call (schedule planned once, outside the graph).
 
-    python benchmarks/bench_decode.py [--out DIR] [--quick] [--sweep] [--compare-default]
+Every case runs with the spec's bf16 cache and with an fp8 (e4m3) cache of the same geometry, B, H, S
+(`--caches`), the fp8 one checked against the reference on its dequantised cache; the table gives the fp8
+time over the bf16 time of the same backend and over the fastest bf16 backend.
+
+    python benchmarks/bench_decode.py [--out DIR] [--quick] [--sweep] [--compare-default] [--caches bf16,fp8]
 
 --sweep times every configuration of the plan's autotune space on a few key cases (for tuning work);
 --compare-default also times the untuned default configuration beside the selected (tuned) one.
@@ -34,12 +38,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
-from mlagen_compiler.reference import decode_paged_batched  # noqa: E402
+from mlagen_compiler.reference import FP8_E4M3_MAX, decode_paged_batched, quantize_latent  # noqa: E402
 from mlagen_compiler.registry import resolve_spec  # noqa: E402
 from mlagen_compiler.tuning import tuned_for_spec  # noqa: E402
 from mlagen_compiler.verify import compare_with_lse, paged_block_table  # noqa: E402
 
 PAGE_SIZE = 64
+#: latent caches a case runs with: the bundled spec's own (bf16) and fp8 e4m3 (cache_dtype) of the same geometry
+CACHES = {"bf16": None, "fp8": "float8_e4m3fn"}
 
 
 @dataclass
@@ -57,6 +63,7 @@ class Case:
 class Result:
     case: str
     backend: str
+    cache: str
     geometry: str
     batch: int
     seqlen_q: int
@@ -135,16 +142,18 @@ def roofline() -> dict[str, float]:
     return {"copy_gbps": copy_gbps, "matmul_tflops": mm_tflops}
 
 
-_MODULES: dict[tuple[str, int], object] = {}
+_MODULES: dict[tuple[str, int, str], object] = {}
 
 
-def module_for(spec_name: str, num_heads: int, tmp: Path):
-    """The bundled spec (with its shipped tuned configurations), or one derived from it with num_heads."""
-    key = (spec_name, num_heads)
+def module_for(spec_name: str, num_heads: int, tmp: Path, cache: str = "bf16"):
+    """The bundled spec (with its shipped tuned configurations), or one derived from it with num_heads and
+    the cache dtype of `cache` (a key of CACHES)."""
+    key = (spec_name, num_heads, cache)
     if key not in _MODULES:
         spec = resolve_spec(spec_name)
-        if spec.num_heads != num_heads:
-            spec = spec_from_dict({**spec.to_flat_dict(), "name": f"{spec_name}-h{num_heads}", "num_heads": num_heads})
+        if spec.num_heads != num_heads or CACHES[cache] is not None:
+            fields = {**spec.to_flat_dict(), "name": f"{spec_name}-h{num_heads}-{cache}", "num_heads": num_heads}
+            spec = spec_from_dict({**fields, "cache_dtype": CACHES[cache] or spec.dtype})
         _MODULES[key] = import_module_from_path(compile_spec(spec, tmp / spec.name, tuned_for_spec(spec)))
     return _MODULES[key]
 
@@ -155,27 +164,35 @@ def v3_spec(num_heads: int) -> str:
 
 
 def make_inputs(module, seqlens: list[int], seqlen_q: int, gen: torch.Generator):
-    """Random bf16 data (never zeros) and a shuffled page table with every page distinct."""
+    """Random bf16 data (never zeros) and a shuffled page table with every page distinct: (q, kv, table,
+    lens, kv_scale). An fp8 cache holds bf16 latent rows quantised with kv_scale = max |value| / 448 (a
+    float32 tensor on the GPU, as serving engines keep per-layer scales); kv_scale is None for bf16."""
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     batch = len(seqlens)
     table, num_pages = paged_block_table(seqlens, PAGE_SIZE, gen)
     kv = torch.randn(num_pages, PAGE_SIZE, 1, width, dtype=torch.bfloat16, device="cuda")
+    kv_scale = None
+    if getattr(module, "CACHE_SCALED", False):
+        kv_scale = (kv.abs().amax().float() / FP8_E4M3_MAX).reshape(1)
+        kv = quantize_latent(kv, kv_scale, module.CACHE_DTYPE)
     q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, dtype=torch.bfloat16, device="cuda")
-    return q, kv, table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda")
+    return q, kv, table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda"), kv_scale
 
 
 def bytes_and_flops(module, seqlens, seqlen_q):
     dc, dr, h = module.KV_LORA_RANK, module.QK_ROPE_HEAD_DIM, module.NUM_HEADS
     tokens = sum(seqlens)
     b = len(seqlens)
-    nbytes = tokens * (dc + dr) * 2 + b * seqlen_q * h * (dc + dr) * 2 + b * seqlen_q * h * dc * 2
+    cache_bytes = getattr(module, "CACHE_DTYPE", module.DTYPE).itemsize
+    nbytes = tokens * (dc + dr) * cache_bytes + b * seqlen_q * h * (dc + dr) * 2 + b * seqlen_q * h * dc * 2
     flops = 2 * seqlen_q * h * tokens * (2 * dc + dr)
     return nbytes, flops
 
 
-def check(module, q, kv, table, lens, out, lse, max_len):
+def check(module, q, kv, table, lens, out, lse, max_len, kv_scale=None):
+    """fp32 reference (over the dequantised cache for fp8): compare_with_lse's (max err, rel err, message)."""
     ref_out, ref_lse = decode_paged_batched(
-        q.float(), kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len
+        q.float(), kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len, kv_scale=kv_scale
     )
     return compare_with_lse(out, lse, ref_out, ref_lse, "bfloat16")
 
@@ -219,7 +236,7 @@ def host_us_per_call(call, calls: int = 100) -> float:
     return elapsed / calls * 1e6
 
 
-_EAGER_US: dict[str, float] = {}
+_EAGER_US: dict[tuple[str, str], float] = {}
 
 
 def run_case(
@@ -231,14 +248,17 @@ def run_case(
     backend: str = "auto",
     graph_all: bool = False,
     merge: str = "auto",
+    cache: str = "bf16",
 ) -> Result | None:
-    """None when `backend` cannot run this case here (e.g. gluon off Hopper, or an ineligible geometry)."""
-    module = module_for(case.spec, case.num_heads, tmp)
+    """None when `backend` cannot run this case here (e.g. gluon off Hopper, an ineligible geometry, or an
+    fp8 cache, which the Gluon decode does not take)."""
+    module = module_for(case.spec, case.num_heads, tmp, cache)
     chosen, why = module.decode_backend(torch.device("cuda"), "auto" if backend == "gluon" else backend)
     if backend == "gluon" and chosen != "gluon":
-        print(f"[skip] {case.name} gluon: {why}", flush=True)
+        print(f"[skip] {case.name} {cache} gluon: {why}", flush=True)
         return None
-    q, kv, table, lens = make_inputs(module, case.seqlens, case.seqlen_q, gen)
+    q, kv, table, lens, kv_scale = make_inputs(module, case.seqlens, case.seqlen_q, gen)
+    scaled = {} if kv_scale is None else {"kv_scale": kv_scale}
     batch = len(case.seqlens)
     max_len = max(case.seqlens)
     schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, backend=backend, merge=merge)
@@ -246,30 +266,33 @@ def run_case(
         (batch, case.seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), float("nan"), dtype=torch.bfloat16, device="cuda"
     )
     lse = torch.full((batch, module.NUM_HEADS, case.seqlen_q), float("nan"), device="cuda")
-    call = lambda: module.mla_decode(q, kv, table, lens, schedule=schedule, out=out, lse=lse, return_lse=True)
+    call = lambda: module.mla_decode(
+        q, kv, table, lens, schedule=schedule, out=out, lse=lse, return_lse=True, **scaled
+    )  # fmt: skip
     call()
-    max_err, rel, msg = check(module, q, kv, table, lens, out, lse, max_len)
+    max_err, rel, msg = check(module, q, kv, table, lens, out, lse, max_len, kv_scale)
     us = median_ms(call) * 1e3
     graph_us = time_graph(call) * 1e3 if case.graph or graph_all else None
     host_us = host_us_per_call(call)
     # a bare call plans its schedule and allocates its outputs (same backend and merge, from the environment)
     with _environment(MLAGEN_DECODE_BACKEND=schedule.backend, MLAGEN_DECODE_MERGE=merge):
-        bare_host_us = host_us_per_call(lambda: module.mla_decode(q, kv, table, lens))
+        bare_host_us = host_us_per_call(lambda: module.mla_decode(q, kv, table, lens, **scaled))
     eager = lambda: decode_paged_batched(
-        q, kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len
+        q, kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len, kv_scale=kv_scale
     )
-    if case.name not in _EAGER_US:  # the same for every backend and merge of a case: timed once
+    if (case.name, cache) not in _EAGER_US:  # the same for every backend and merge of a case: timed once
         try:
-            _EAGER_US[case.name] = triton.testing.do_bench(eager, warmup=5, rep=100, return_mode="median") * 1e3
+            eager_us = triton.testing.do_bench(eager, warmup=5, rep=100, return_mode="median") * 1e3
         except torch.OutOfMemoryError:
-            _EAGER_US[case.name] = float("nan")
-    eager_us = _EAGER_US[case.name]
+            eager_us = float("nan")
+        _EAGER_US[(case.name, cache)] = eager_us
+    eager_us = _EAGER_US[(case.name, cache)]
     default_us = None
     if compare_default and schedule.backend == "triton":
         small = batch <= module.DECODE_SMALL_BATCH
         default_cfg = (module.DECODE_SMALL_DEFAULTS if small else module.DECODE_DEFAULTS)[schedule.block_m]
         sched_d = module.get_decode_schedule(batch, case.seqlen_q, q.device, config=default_cfg, backend="triton")
-        call_d = lambda: module.mla_decode(q, kv, table, lens, schedule=sched_d, out=out, lse=lse)
+        call_d = lambda: module.mla_decode(q, kv, table, lens, schedule=sched_d, out=out, lse=lse, **scaled)
         default_us = (time_graph(call_d) if case.graph else median_ms(call_d)) * 1e3
     best = min(us, graph_us) if graph_us is not None else us
     nbytes, flops = bytes_and_flops(module, case.seqlens, case.seqlen_q)
@@ -278,6 +301,7 @@ def run_case(
     return Result(
         case=case.name,
         backend=schedule.backend,
+        cache=cache,
         geometry=f"Dc{module.KV_LORA_RANK}/Dr{module.QK_ROPE_HEAD_DIM}",
         batch=batch,
         seqlen_q=case.seqlen_q,
@@ -319,11 +343,12 @@ def _environment(**values):
 
 
 def _time_schedule(module, inputs, sched, max_len, graph=False):
-    q, kv, table, lens = inputs
-    call = functools.partial(module.mla_decode, q, kv, table, lens, schedule=sched, return_lse=True)
+    q, kv, table, lens, kv_scale = inputs
+    scaled = {} if kv_scale is None else {"kv_scale": kv_scale}
+    call = functools.partial(module.mla_decode, q, kv, table, lens, schedule=sched, return_lse=True, **scaled)
     try:
         out, lse = call()
-        _, _, msg = check(module, q, kv, table, lens, out, lse, max_len)
+        _, _, msg = check(module, q, kv, table, lens, out, lse, max_len, kv_scale)
         if graph:
             us = time_graph(call) * 1e3
         else:
@@ -351,8 +376,10 @@ def compiled_resources(kernel, dump_dir: Path | None = None) -> list[str]:
     return lines
 
 
-def sweep(tmp: Path, gen: torch.Generator, only: str = "", dump_dir: Path | None = None) -> list[dict]:
-    """Every config of the space (and a few split policies) on the cases that decide the targets."""
+def sweep(
+    tmp: Path, gen: torch.Generator, only: str = "", dump_dir: Path | None = None, caches: tuple[str, ...] = ("bf16",)
+) -> list[dict]:
+    """Every config of the space (and a few split policies) on the cases that decide the targets, per cache."""
     rows = []
     key_cases = [
         Case("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
@@ -362,10 +389,10 @@ def sweep(tmp: Path, gen: torch.Generator, only: str = "", dump_dir: Path | None
         Case("Mistral H32 B128", "mistral-small-4", 32, [8192] * 128),
     ]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for case in key_cases:
+    for case, cache in [(case, cache) for case in key_cases for cache in caches]:
         if only and not any(part in case.name for part in only.split(",")):
             continue
-        module = module_for(case.spec, case.num_heads, tmp)
+        module = module_for(case.spec, case.num_heads, tmp, cache)
         inputs = make_inputs(module, case.seqlens, case.seqlen_q, gen)
         batch, max_len = len(case.seqlens), max(case.seqlens)
         base = module.get_decode_schedule(batch, case.seqlen_q, inputs[0].device)
@@ -378,6 +405,7 @@ def sweep(tmp: Path, gen: torch.Generator, only: str = "", dump_dir: Path | None
             parts,
             min_blocks,
             case=case,
+            cache=cache,
             module=module,
             inputs=inputs,
             batch=batch,
@@ -398,6 +426,7 @@ def sweep(tmp: Path, gen: torch.Generator, only: str = "", dump_dir: Path | None
             us, msg = _time_schedule(module, inputs, sched, max_len, graph=case.graph)
             row = {
                 "case": case.name,
+                "cache": cache,
                 "block_m": block_m,
                 "config": cfg,
                 "parts": sched.num_parts,
@@ -431,7 +460,7 @@ def sweep(tmp: Path, gen: torch.Generator, only: str = "", dump_dir: Path | None
             if r["block_m"] == base.block_m and r["config"] == base.config and r["parts"] == base.num_parts
         )
         print(
-            f"[sweep] {case.name}: default m{base.block_m} {default['config']}: {default['us']:.1f} us; "
+            f"[sweep] {case.name} {cache}: default m{base.block_m} {default['config']}: {default['us']:.1f} us; "
             f"failures: {sum(not r['ok'] for r in case_rows)}",
             flush=True,
         )
@@ -474,6 +503,24 @@ def plot(results: list[Result], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def best_us(r: Result) -> float:
+    """The case's figure: the better of the eager median and the CUDA-graph replay median."""
+    return min(r.us, r.graph_us) if r.graph_us is not None else r.us
+
+
+def fp8_ratios(r: Result, results: list[Result]) -> tuple[str, str]:
+    """For an fp8 row: its time over the bf16 time of the same case and backend, and over the fastest bf16
+    backend of the case ('-' where there is none, and for bf16 rows)."""
+    if r.cache == "bf16":
+        return "-", "-"
+    bf16 = [o for o in results if o.case == r.case and o.cache == "bf16"]
+    same = [o for o in bf16 if o.backend == r.backend]
+    return (
+        f"{best_us(r) / best_us(same[0]):.2f}x" if same else "-",
+        f"{best_us(r) / min(best_us(o) for o in bf16):.2f}x" if bf16 else "-",
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
@@ -495,7 +542,16 @@ def main() -> None:
         help="merges of split sequences to time side by side (fused: in the split launch; kernel: a second "
         "launch; auto: the launch policy's choice)",
     )
+    parser.add_argument(
+        "--caches",
+        default="bf16,fp8",
+        help="latent caches to time side by side: bf16 (the spec's) and fp8 (e4m3, same geometry and batch)",
+    )
     args = parser.parse_args()
+    caches = tuple(args.caches.split(","))
+    unknown = [c for c in caches if c not in CACHES]
+    if unknown:
+        parser.error(f"--caches: unknown {unknown} (choose from {', '.join(CACHES)})")
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
@@ -512,7 +568,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if args.sweep:
-            rows = sweep(tmp, gen, args.only, args.out if args.dump_ir else None)
+            rows = sweep(tmp, gen, args.only, args.out if args.dump_ir else None, caches)
             (args.out / "decode_sweep.json").write_text(
                 json.dumps({**meta, "roofline": roof, "rows": rows}, indent=1, default=str)
             )
@@ -520,41 +576,43 @@ def main() -> None:
         for case in [] if args.no_suite else cases(args.quick):
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            for backend in args.backends.split(","):
-                for merge in args.merges.split(","):
-                    r = run_case(case, roof, tmp, args.compare_default, gen, backend, args.graph_all, merge)
-                    if r is None:
-                        break
-                    results.append(r)
-                    print(
-                        f"[done] {r.case} | {r.backend} {r.merge} {r.config} | {r.us:.1f} us, graph "
-                        f"{r.graph_us or float('nan'):.1f} us, host {r.host_us:.1f} us, bare host "
-                        f"{r.bare_host_us:.1f} us | {r.gbps:.0f} GB/s {r.tflops:.0f} TFLOP/s | eager "
-                        f"{r.eager_us:.0f} us | {'ok' if r.passed else 'FAIL ' + str(r.extra)}",
-                        flush=True,
-                    )
-                    torch.cuda.empty_cache()
+            for cache in caches:
+                for backend in args.backends.split(","):
+                    for merge in args.merges.split(","):
+                        r = run_case(case, roof, tmp, args.compare_default, gen, backend, args.graph_all, merge,
+                                     cache)  # fmt: skip
+                        if r is None:
+                            break
+                        results.append(r)
+                        print(
+                            f"[done] {r.case} | {r.cache} {r.backend} {r.merge} {r.config} | {r.us:.1f} us, graph "
+                            f"{r.graph_us or float('nan'):.1f} us, host {r.host_us:.1f} us, bare host "
+                            f"{r.bare_host_us:.1f} us | {r.gbps:.0f} GB/s {r.tflops:.0f} TFLOP/s | eager "
+                            f"{r.eager_us:.0f} us | {'ok' if r.passed else 'FAIL ' + str(r.extra)}",
+                            flush=True,
+                        )
+                        torch.cuda.empty_cache()
     (args.out / "decode.json").write_text(
         json.dumps({**meta, "roofline": roof, "results": [asdict(r) for r in results]}, indent=1)
     )
     plot(results, args.out / "decode.png")
     print(
-        f"\n## Decode, {gpu}, {meta['date'][:10]}, bf16, page {PAGE_SIZE}; copy {roof['copy_gbps']:.0f} GB/s, "
-        f"matmul {roof['matmul_tflops']:.0f} TFLOP/s"
+        f"\n## Decode, {gpu}, {meta['date'][:10]}, bf16 q/out, caches {'/'.join(caches)}, page {PAGE_SIZE}; "
+        f"copy {roof['copy_gbps']:.0f} GB/s, matmul {roof['matmul_tflops']:.0f} TFLOP/s"
     )
     print(
-        "| case | backend | merge | config | µs | graph µs | host µs | bare host µs | GB/s | %copy | TFLOP/s | %mma "
-        "| eager µs | speed-up | default µs | ok |"
+        "| case | cache | backend | merge | config | µs | graph µs | host µs | bare host µs | GB/s | %copy | TFLOP/s "
+        "| %mma | eager µs | speed-up | default µs | vs bf16 same backend | vs best bf16 | ok |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|" + "---|" * 19)
     for r in results:
         g = f"{r.graph_us:.1f}" if r.graph_us is not None else "-"
         d = f"{r.default_us:.1f}" if r.default_us is not None else "-"
+        same, best = fp8_ratios(r, results)
         print(
-            f"| {r.case} | {r.backend} | {r.merge} | {r.config} | {r.us:.1f} | {g} | {r.host_us:.1f} | "
-            f"{r.bare_host_us:.1f} | {r.gbps:.0f} | {r.pct_copy:.0f}% | "
-            f"{r.tflops:.0f} | "
-            f"{r.pct_mma:.0f}% | {r.eager_us:.0f} | {r.speedup:.1f}x | {d} | "
+            f"| {r.case} | {r.cache} | {r.backend} | {r.merge} | {r.config} | {r.us:.1f} | {g} | {r.host_us:.1f} | "
+            f"{r.bare_host_us:.1f} | {r.gbps:.0f} | {r.pct_copy:.0f}% | {r.tflops:.0f} | {r.pct_mma:.0f}% | "
+            f"{r.eager_us:.0f} | {r.speedup:.1f}x | {d} | {same} | {best} | "
             f"{'yes' if r.passed else 'NO ' + r.extra.get('detail', '')} |"
         )
     failed = [f"{r.case} ({r.backend})" for r in results if not r.passed]

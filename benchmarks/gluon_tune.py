@@ -51,7 +51,7 @@ def kernel_times(fn) -> str:
 
 def tune_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tuple]:
     module = module_for(case.spec, case.num_heads, tmp)
-    q, kv, table, lens = make_inputs(module, case.seqlens, case.seqlen_q, gen)
+    q, kv, table, lens, _ = make_inputs(module, case.seqlens, case.seqlen_q, gen)  # bf16: no kv_scale
     batch, max_len = len(case.seqlens), max(case.seqlens)
     nbytes, flops = bytes_and_flops(module, case.seqlens, case.seqlen_q)
     base = module.get_decode_schedule(batch, case.seqlen_q, q.device, backend="gluon")

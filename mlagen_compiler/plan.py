@@ -11,13 +11,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .launch_policy import MAX_NUM_PARTS
-from .spec import DecodeTiles, MLASpec, PrefillTiles
+from .spec import SCALED_CACHE_DTYPES, DecodeTiles, MLASpec, PrefillTiles
 
 __all__ = [
     "ARCH_BUDGETS",
     "GLUON_VERIFIED_TRITON",
     "PLAN_ARCH",
     "ArchBudget",
+    "CACHE_BYTES",
     "DecodePlan",
     "GluonDecodePlan",
     "PlanError",
@@ -61,6 +62,8 @@ PLAN_ARCH = "sm90"
 #: dot operands need at least 16 rows; 64 rows fill one Hopper warpgroup MMA.
 MIN_BLOCK_M = 16
 MAX_BLOCK_M = 64
+#: row blocks this tall run on Hopper's warpgroup MMAs (operands from shared memory); shorter ones on mma.sync
+WGMMA_MIN_BLOCK_M = 64
 #: combine-kernel tiles (rows, latent columns), largest first; the launcher takes the first that still
 #: gives every SM a program, so small batches get small tiles and many programs
 COMBINE_TILES = ((16, 128), (8, 128), (4, 128), (2, 64), (1, 64))
@@ -73,6 +76,10 @@ MERGE_FANIN = 8
 MERGE_BLOCK_C = 128
 #: a run must do at least this many times its fixed cost in cache reads (see DecodePlan.min_blocks_per_part)
 SPLIT_OVERHEAD_FACTOR = 1.0
+
+
+#: bytes per latent-cache element of each cache dtype a spec may name
+CACHE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
 
 
 def next_pow2(value: int) -> int:
@@ -161,10 +168,15 @@ def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int)
 GLUON_MAX_STAGES = 4
 
 
-def lower_gluon_decode(dc: int, dr: int) -> GluonDecodePlan:
+def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> GluonDecodePlan:
+    """cache_dtype: the spec's cache dtype, None for the spec's dtype (16-bit)."""
     block_m = block_n = 64
     dc_half = dc // 2
     reasons = []
+    if cache_dtype in SCALED_CACHE_DTYPES:
+        # its TMA boxes, shared-memory ring and warpgroup MMAs take the cache in the query's 16-bit dtype; an
+        # fp8 ring would need a conversion pass between the stages and the MMAs that is not written yet
+        reasons.append(f"the cache is {cache_dtype}: the Gluon decode reads 16-bit caches only")
     if dc % 2 or dc_half not in (64, 128, 256):
         reasons.append(f"Dc/2 = {dc / 2:g} is not a power of two in 64..256 (the columns each warpgroup accumulates)")
     if dr not in (16, 32, 64, 128):
@@ -215,6 +227,8 @@ class DecodePlan:
     dr: int
     dc_pad: int
     dr_pad: int
+    #: bytes per cache element (2 for a 16-bit cache, 1 for fp8): sizes the shared-memory stages and the cost rule
+    cache_bytes: int
     min_block_m: int
     max_block_m: int
     parts_per_sm: int
@@ -336,6 +350,9 @@ class KernelPlan:
     module_name: str
     num_heads: int
     dtype: str
+    #: the latent cache's dtype (the spec's dtype, or float8_e4m3fn) and whether it stores latent / kv_scale
+    cache_dtype: str
+    cache_scaled: bool
     page_size: int
     softmax_scale: float
     #: kind name -> its plan, for every kind the module holds (see KERNEL_KINDS), in table order
@@ -392,13 +409,20 @@ def decode_live_regs(block_m: int, c: TileConfig, dc_pad: int) -> int:
     return (block_m * dc_pad + block_m * c.block_n) // (32 * c.num_warps)
 
 
-def decode_smem_bytes(block_m: int, c: TileConfig, dc_pad: int, dr_pad: int) -> int:
+def decode_smem_bytes(block_m: int, c: TileConfig, dc_pad: int, dr_pad: int, cache_bytes: int = 2) -> int:
     """Shared memory of one decode program: num_stages buffers of the block_n x (Dc + Dr) cache tile and the
-    block_m x (Dc + Dr) query tile (TMA lands it there for warpgroup MMAs), 2 bytes each."""
-    return 2 * (c.num_stages * c.block_n + block_m) * (dc_pad + dr_pad)
+    block_m x (Dc + Dr) query tile (TMA lands it there for warpgroup MMAs), 2 bytes each. An fp8 cache
+    (cache_bytes 1) has 1-byte stages, and row blocks of WGMMA_MIN_BLOCK_M rows and more one 2-byte tile
+    more: warpgroup MMAs read their operands from shared memory, so the block converted to the query's
+    dtype in registers goes back there (an estimate, not yet checked against what Triton allocates;
+    shorter blocks use mma.sync, whose operands stay in registers)."""
+    converted = c.block_n * 2 if cache_bytes < 2 and block_m >= WGMMA_MIN_BLOCK_M else 0
+    return (c.num_stages * c.block_n * cache_bytes + converted + 2 * block_m) * (dc_pad + dr_pad)
 
 
-def _decode_space(block_m: int, dc_pad: int, dr_pad: int, tiles: DecodeTiles, pinned: bool) -> tuple[TileConfig, ...]:
+def _decode_space(
+    block_m: int, dc_pad: int, dr_pad: int, tiles: DecodeTiles, pinned: bool, cache_bytes: int = 2
+) -> tuple[TileConfig, ...]:
     """Tile candidates for one row-block size within the PLAN_ARCH budget.
 
     The accumulator is block_m x dc_pad fp32 held in registers, so wide latents need more warps; the
@@ -414,14 +438,16 @@ def _decode_space(block_m: int, dc_pad: int, dr_pad: int, tiles: DecodeTiles, pi
     warps = _pinned((4, 8, 16) if dc_pad >= 1024 else (4, 8), tiles.num_warps)
     stages = _pinned((1, 2, 3), tiles.num_stages)
     candidates = [TileConfig(n, w, s) for n in block_ns for w in warps for s in stages]
-    fits_smem = [c for c in candidates if decode_smem_bytes(block_m, c, dc_pad, dr_pad) <= budget.smem_bytes]
+    fits_smem = [
+        c for c in candidates if decode_smem_bytes(block_m, c, dc_pad, dr_pad, cache_bytes) <= budget.smem_bytes
+    ]
     out = [c for c in fits_smem if decode_live_regs(block_m, c, dc_pad) <= budget.live_fp32_regs_per_thread]
     if not out and pinned:
         if not fits_smem:
             c = candidates[0]
             raise PlanError(
                 f"tiles.decode: block_m={block_m}, block_n={c.block_n}, num_stages={c.num_stages} needs "
-                f"{decode_smem_bytes(block_m, c, dc_pad, dr_pad):,} B of shared memory per program; "
+                f"{decode_smem_bytes(block_m, c, dc_pad, dr_pad, cache_bytes):,} B of shared memory per program; "
                 f"{PLAN_ARCH} allows {budget.smem_bytes:,} B: pin smaller tiles or fewer stages"
             )
         out = fits_smem[:1]
@@ -431,6 +457,11 @@ def _decode_space(block_m: int, dc_pad: int, dr_pad: int, tiles: DecodeTiles, pi
 #: untuned defaults per block_m, the best of a sweep on an H100 (2026-11-22, Dc 512 / 256, page 64);
 #: where a spec's space lacks them, the heuristic below picks
 _MEASURED_DEFAULTS = {16: TileConfig(32, 4, 3), 32: TileConfig(128, 4, 2), 64: TileConfig(64, 8, 2)}
+#: an fp8 cache (not measured on a GPU yet) keeps those, except where compiling for sm_90 offline (Triton
+#: 3.6's ptxas, 2026-11-22) showed 4 warps spill heavily on the converted tiles: at Dc 512, 32-row n128 w4 s2
+#: (which half-size stages make fit) got 32 registers and 9 KB of stack per thread, n64 w4 s2 2 KB, while
+#: n64 w8 s2 got 240 B (0 at Dc 256)
+_FP8_DEFAULTS = {32: TileConfig(64, 8, 2)}
 
 
 #: the latency regime (see DecodePlan.small_batch_max); measured on an H100 (2026-11-22): B=1, H=16,
@@ -441,10 +472,13 @@ SMALL_BATCH_MAX = 8
 _SMALL_BATCH_DEFAULTS = {16: TileConfig(64, 8, 1)}
 
 
-def _default_decode_config(block_m: int, dc_pad: int, space: tuple[TileConfig, ...]) -> TileConfig:
+def _default_decode_config(
+    block_m: int, dc_pad: int, space: tuple[TileConfig, ...], cache_bytes: int = 2
+) -> TileConfig:
     """A reasonable untuned choice: the measured one, else 64-token tiles with enough warps, 2 stages."""
     want_warps = 8 if block_m * dc_pad >= 32 * 1024 else 4
     preference = [
+        _FP8_DEFAULTS.get(block_m) if cache_bytes == 1 else None,
         _MEASURED_DEFAULTS.get(block_m),
         TileConfig(64, want_warps, 2),
         TileConfig(32, want_warps, 2),
@@ -465,13 +499,13 @@ def merge_levels(fanin: int) -> int:
 
 
 def _min_blocks_per_part(
-    space: tuple[tuple[int, tuple[TileConfig, ...]], ...], dc: int, dr: int, factor: float
+    space: tuple[tuple[int, tuple[TileConfig, ...]], ...], dc: int, dr: int, factor: float, cache_bytes: int = 2
 ) -> tuple[tuple[tuple[int, int], int], ...]:
     table = {}
     for block_m, configs in space:
         fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
         for block_n in sorted({c.block_n for c in configs} | {16}):
-            block_bytes = block_n * (dc + dr) * 2
+            block_bytes = block_n * (dc + dr) * cache_bytes  # an fp8 block costs half: runs get twice the blocks
             table[(block_m, block_n)] = max(1, math.ceil(factor * fixed_bytes / block_bytes))
     return tuple(sorted(table.items()))
 
@@ -479,23 +513,27 @@ def _min_blocks_per_part(
 def lower_decode(spec: MLASpec) -> DecodePlan:
     dc, dr = spec.kv_lora_rank, spec.qk_rope_head_dim
     dc_pad, dr_pad = next_pow2(dc), next_pow2(dr)
+    cache_bytes = CACHE_BYTES[spec.cache_dtype]
     tiles = spec.tiles.decode
     pinned = any(v is not None for v in (tiles.block_m, tiles.block_n, tiles.num_warps, tiles.num_stages))
     candidates = (tiles.block_m,) if tiles.block_m is not None else (16, 32, 64)
-    space = tuple((m, cfgs) for m in candidates if (cfgs := _decode_space(m, dc_pad, dr_pad, tiles, pinned)))
+    space = tuple(
+        (m, cfgs) for m in candidates if (cfgs := _decode_space(m, dc_pad, dr_pad, tiles, pinned, cache_bytes))
+    )
     block_ms = tuple(m for m, _ in space)
-    defaults = tuple((m, _default_decode_config(m, dc_pad, cfgs)) for m, cfgs in space)
+    defaults = tuple((m, _default_decode_config(m, dc_pad, cfgs, cache_bytes)) for m, cfgs in space)
     combine_tiles = tuple((r, min(c, dc_pad)) for r, c in COMBINE_TILES)
     return DecodePlan(
         dc=dc,
         dr=dr,
         dc_pad=dc_pad,
         dr_pad=dr_pad,
+        cache_bytes=cache_bytes,
         min_block_m=min(block_ms),
         max_block_m=max(block_ms),
         parts_per_sm=2,
         split_overhead_factor=SPLIT_OVERHEAD_FACTOR,
-        min_blocks_per_part=_min_blocks_per_part(space, dc, dr, SPLIT_OVERHEAD_FACTOR),
+        min_blocks_per_part=_min_blocks_per_part(space, dc, dr, SPLIT_OVERHEAD_FACTOR, cache_bytes),
         q_tma_min_block_m=64,
         small_batch_max=SMALL_BATCH_MAX,
         small_batch_block_m=min(block_ms),
@@ -513,7 +551,7 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
         space=space,
         defaults=defaults,
         interpreter=TileConfig(block_n=16, num_warps=4, num_stages=1),
-        gluon=lower_gluon_decode(dc, dr),
+        gluon=lower_gluon_decode(dc, dr, spec.cache_dtype),
     )
 
 
@@ -640,6 +678,8 @@ def lower(spec: MLASpec) -> KernelPlan:
         module_name=spec.module_name,
         num_heads=spec.num_heads,
         dtype=spec.dtype,
+        cache_dtype=spec.cache_dtype,
+        cache_scaled=spec.cache_scaled,
         page_size=spec.page_size,
         softmax_scale=softmax_scale_of(spec),
         kernels=plans,

@@ -8,7 +8,8 @@ the same layer are given and must agree with each other:
 
 Plus absorbed decode over a paged cache with the contract of the generated `mla_decode`, and the
 prefill contracts: varlen causal prefill (MHA form), chunked prefill over a cached latent prefix, and the
-paged cache write.
+paged cache write. An fp8 cache (stored = fp8(latent / kv_scale)) is quantised by `quantize_latent` and read
+through `dequantize_cache` (stored * kv_scale): the attention references take the dequantised cache.
 """
 
 from __future__ import annotations
@@ -28,12 +29,36 @@ __all__ = [
     "decode_paged",
     "gather_pages",
     "decode_paged_batched",
+    "dequantize_cache",
+    "FP8_E4M3_MAX",
     "mla_absorbed",
     "mla_decompressed",
     "prefill_varlen",
     "project",
+    "quantize_latent",
     "random_weights",
 ]
+
+
+#: largest finite float8_e4m3fn value: quantisation saturates there
+FP8_E4M3_MAX = 448.0
+
+
+def quantize_latent(latent: torch.Tensor, kv_scale: float | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """latent rows as a scaled cache of `dtype` stores them: (latent / kv_scale) in float32, saturated at the
+    format's largest finite value and rounded to nearest even by torch's own conversion (the clamp makes the
+    saturation explicit: older torch releases turn out-of-range values into NaN)."""
+    # float32 division by the float32 scale, as the kernel's (torch casts a Python number to float32 here)
+    scaled = latent.to(torch.float32) / float(kv_scale)
+    return scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
+
+
+def dequantize_cache(
+    kv_cache: torch.Tensor, kv_scale: float | torch.Tensor | None, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """The latent values a cache holds, in `dtype`: stored * kv_scale (kv_scale None: a 16-bit cache, as is)."""
+    values = kv_cache.to(dtype)
+    return values if kv_scale is None else values * float(kv_scale)
 
 
 @dataclass(frozen=True)
@@ -214,10 +239,12 @@ def decode_paged_batched(
     kv_lora_rank: int,
     scale: float,
     max_seqlen: int | None = None,
+    kv_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same as `decode_paged` in whole-batch tensor ops (no Python loop over sequences, no host sync
     when `max_seqlen` is given): PyTorch eager absorbed decode, the baseline the benchmarks compare to.
-    Computes in q's dtype; scores and softmax in float32 at least.
+    Computes in q's dtype; scores and softmax in float32 at least. kv_scale: an fp8 cache's scale (a tensor
+    on the cache's device, or a number): the gathered rows are dequantised, rows * kv_scale.
     """
     batch, seqlen_q, num_heads, _ = q.shape
     page_size = kv_cache.shape[1]
@@ -225,7 +252,9 @@ def decode_paged_batched(
         max_seqlen = int(cache_seqlens.max())
     n_pages = -(-max_seqlen // page_size)
     rows = kv_cache[block_table[:, :n_pages].long()]  # [B, n_pages, page_size, 1, D]
-    rows = rows.reshape(batch, n_pages * page_size, kv_cache.shape[-1]).to(q.dtype)
+    rows = rows.reshape(batch, n_pages * page_size, kv_cache.shape[-1])
+    # an fp8 cache: dequantised in float32, then computed with in q's dtype like a 16-bit cache
+    rows = rows.to(q.dtype) if kv_scale is None else (rows.to(torch.float32) * kv_scale).to(q.dtype)
     acc = torch.promote_types(q.dtype, torch.float32)
     scores = torch.einsum("bshd,bnd->bhsn", q, rows).to(acc) * scale
     key_pos = torch.arange(n_pages * page_size, device=q.device)
@@ -276,8 +305,10 @@ def chunked_prefill(
 
     New tokens of sequence b (tokens cu_seqlens[b]..cu_seqlens[b+1]-1) sit at positions prefix_lens[b]..;
     the prefix keys are expanded from the latent cache rows: k = [W_UK c_kv ; k_pe], v = W_UV c_kv.
-    expanded_dtype: round the expanded prefix k_nope / v to this dtype, as the MHA form materializes them
-    in the kernel's dtype (None: keep them exact). Computed in q's dtype. Returns out [T, H, Dv], lse [H, T].
+    expanded_dtype: round the prefix rows and the expanded prefix k_nope / v to this dtype, as the MHA form
+    materializes them in the kernel's dtype (None: keep them exact; rows of a 16-bit cache are already
+    exact in it, dequantised fp8 rows are not). Computed in q's dtype. Returns out [T, H, Dv], lse [H, T].
+    kv_cache: the latent values (an fp8 cache through `dequantize_cache`).
     """
     num_tokens, num_heads, _ = q.shape
     kv_lora_rank = w_uk.shape[-1]
@@ -289,6 +320,8 @@ def chunked_prefill(
             continue
         prefix = int(prefix_lens[b])
         rows = gather_pages(kv_cache, block_table[b], prefix).to(q.dtype)
+        if expanded_dtype is not None:
+            rows = rows.to(expanded_dtype).to(q.dtype)
         c_kv, pre_k_pe = rows[:, :kv_lora_rank], rows[:, kv_lora_rank:]
         pre_k_nope = torch.einsum("sc,hnc->shn", c_kv, w_uk.to(q.dtype))
         pre_v = torch.einsum("sc,hvc->shv", c_kv, w_uv.to(q.dtype))
@@ -304,13 +337,19 @@ def chunked_prefill(
 
 
 def cache_write(
-    kv_cache: torch.Tensor, c_kv: torch.Tensor, k_pe: torch.Tensor, slot_mapping: torch.Tensor
+    kv_cache: torch.Tensor,
+    c_kv: torch.Tensor,
+    k_pe: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    kv_scale: float | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """A copy of kv_cache [num_pages, page_size, 1, Dc+Dr] with row [c_kv[t] ; k_pe[t]] at slot_mapping[t]
-    (page slot // page_size, row slot % page_size); negative slots are skipped."""
+    (page slot // page_size, row slot % page_size); negative slots are skipped. kv_scale: a scaled (fp8)
+    cache stores `quantize_latent(row, kv_scale)`."""
     result = kv_cache.clone()
     page_size = kv_cache.shape[1]
-    rows = torch.cat([c_kv, k_pe], dim=-1).to(kv_cache.dtype)
+    rows = torch.cat([c_kv, k_pe], dim=-1)
+    rows = rows.to(kv_cache.dtype) if kv_scale is None else quantize_latent(rows, kv_scale, kv_cache.dtype)
     for t, slot in enumerate(slot_mapping.tolist()):
         if slot >= 0:
             result[slot // page_size, slot % page_size, 0] = rows[t]

@@ -91,6 +91,8 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "dv": spec.v_head_dim,
         "page_size": plan.page_size,
         "dtype": plan.dtype,
+        "cache_dtype": plan.cache_dtype,
+        "cache_scaled": plan.cache_scaled,
         "softmax_scale": repr(plan.softmax_scale),
         "interpreter_sm_count": INTERPRETER_SM_COUNT,
         "triton_min": repr(TRITON_MIN),

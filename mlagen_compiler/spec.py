@@ -9,12 +9,14 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 __all__ = [
+    "SCALED_CACHE_DTYPES",
+    "CacheDType",
     "DecodeTiles",
     "MLASpec",
     "PrefillTiles",
@@ -27,6 +29,10 @@ __all__ = [
 
 KernelName = Literal["decode", "prefill"]
 DType = Literal["bfloat16", "float16"]
+#: what the latent cache may hold: the spec's dtype, or fp8 e4m3 (one scale per layer, given at the call)
+CacheDType = Literal["bfloat16", "float16", "float8_e4m3fn"]
+#: cache dtypes that store latent / kv_scale and need the scale at every call
+SCALED_CACHE_DTYPES = ("float8_e4m3fn",)
 
 
 class SpecError(ValueError):
@@ -116,7 +122,13 @@ class MLASpec(_Frozen):
     qk_nope_head_dim: int = Field(description="Dn, non-rope part of q/k per head, multiple of 16 in 16..256")
     v_head_dim: int = Field(description="Dv, value width per head, multiple of 16 in 16..256")
     q_lora_rank: int | None = Field(default=None, description="Lq, or null when q = W_q h directly")
-    dtype: DType = Field(default="bfloat16", description="dtype of query, latent cache and output")
+    dtype: DType = Field(default="bfloat16", description="dtype of query and output (and of the cache by default)")
+    # None (omitted) is replaced by `dtype` before validation (see _default_cache_dtype): never None after it
+    cache_dtype: CacheDType | None = Field(
+        default=None,
+        description="dtype of the latent cache: null or the spec's dtype (the default), or float8_e4m3fn, stored "
+        "as fp8(latent / kv_scale) with one float32 scale per layer passed at every call",
+    )
     page_size: int = Field(default=64, description="tokens per cache page, a power of two in 1..256")
     softmax_scale: float | None = Field(
         default=None, gt=0, description="explicit softmax scale; default 1/sqrt(Dn+Dr) with rope mscale"
@@ -166,6 +178,17 @@ class MLASpec(_Frozen):
             raise ValueError(f"page_size={value} is not allowed: must be a power of two in 1..256")
         return value
 
+    @field_validator("cache_dtype")
+    @classmethod
+    def _cache_dtype(cls, value: str | None, info: Any) -> str | None:
+        dtype = info.data.get("dtype")  # validated before (declared first); absent when it was invalid
+        if dtype is not None and value != dtype and value not in SCALED_CACHE_DTYPES:
+            raise ValueError(
+                f"cache_dtype={value} is not allowed with dtype={dtype}: must be the spec's dtype ({dtype}) or "
+                f"one of {', '.join(SCALED_CACHE_DTYPES)}"
+            )
+        return value
+
     @field_validator("kernels")
     @classmethod
     def _kernels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -174,6 +197,22 @@ class MLASpec(_Frozen):
         if len(set(value)) != len(value):
             raise ValueError(f"kernels={list(value)} is not allowed: each kernel may be named once")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_cache_dtype(cls, data: Any) -> Any:
+        # an omitted (or null) cache_dtype is the spec's dtype, filled in here so that the canonical JSON, and
+        # so the hash, of a spec that writes it out equals that of one that leaves it to the default
+        if isinstance(data, dict) and data.get("cache_dtype") is None:
+            dtype = data.get("dtype", cls.model_fields["dtype"].default)
+            if dtype in get_args(DType):  # else the dtype's own error says what is wrong, once
+                data = {**data, "cache_dtype": dtype}
+        return data
+
+    @property
+    def cache_scaled(self) -> bool:
+        """True when the cache stores latent / kv_scale (fp8): every call that reads or writes it takes kv_scale."""
+        return self.cache_dtype in SCALED_CACHE_DTYPES
 
     @model_validator(mode="after")
     def _scale_source(self) -> MLASpec:

@@ -197,10 +197,11 @@ def _device_generator(generator, device):
 def make_inputs(module: ModuleType, seqlens: Sequence[int], seqlen_q: int, generator, device) -> dict[str, Any]:
     """Random q and paged latent cache for `seqlens` (`verify.paged_block_table`: shuffled pages, spare pages,
     stale entries in unused slots, width and pool rounded up to multiples of 16), data N(0, 1) in the
-    spec's dtype (never zeros), drawn on the device (a serving batch's cache is gigabytes)."""
+    spec's dtype (never zeros), drawn on the device (a serving batch's cache is gigabytes). An fp8 cache
+    holds the quantised rows and the inputs carry its kv_scale (`verify.random_cache`)."""
     import torch
 
-    from .verify import paged_block_table
+    from .verify import paged_block_table, random_cache
 
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     spare = max(8, sum(-(-int(s) // module.PAGE_SIZE) for s in seqlens) // 16)
@@ -210,14 +211,16 @@ def make_inputs(module: ModuleType, seqlens: Sequence[int], seqlen_q: int, gener
     device = torch.device(device)
     data_gen = _device_generator(generator, device)
     shape_q = (len(seqlens), seqlen_q, module.NUM_HEADS, width)
-    return {
-        "q": torch.randn(shape_q, generator=data_gen, device=device, dtype=module.DTYPE),
-        "kv_cache": torch.randn(
+    inputs = {"q": torch.randn(shape_q, generator=data_gen, device=device, dtype=module.DTYPE)}
+    if getattr(module, "CACHE_SCALED", False):
+        inputs["kv_cache"], inputs["kv_scale"] = random_cache(module, num_pages, data_gen, device)
+    else:
+        inputs["kv_cache"] = torch.randn(
             num_pages, module.PAGE_SIZE, 1, width, generator=data_gen, device=device, dtype=module.DTYPE
-        ),
-        "block_table": block_table.to(device),
-        "cache_seqlens": torch.tensor(list(seqlens), dtype=torch.int32, device=device),
-    }
+        )
+    inputs["block_table"] = block_table.to(device)
+    inputs["cache_seqlens"] = torch.tensor(list(seqlens), dtype=torch.int32, device=device)
+    return inputs
 
 
 def make_prefill_inputs(module: ModuleType, seqlens: Sequence[int], prefix_len: int, generator, device) -> dict:

@@ -115,15 +115,19 @@ def kernel_geometry(kernel: str, spec: MLASpec) -> str:
     """What `kernel`'s code depends on besides its tile configuration and launch bucket, as a key string.
 
     decode (`templates/decode.py.jinja`): Dc and Dr (tile widths, padding, TMA descriptors), the page size
-    (which blocks TMA can fetch, how rows are gathered) and the dtype. The heads H and the query tokens
+    (which blocks TMA can fetch, how rows are gathered), the dtype and the cache dtype where it differs (an
+    fp8 cache halves the bytes per block, so its best tiles are its own: `...-bfloat16-float8_e4m3fn`; a
+    16-bit cache keeps the key it had before caches could differ). The heads H and the query tokens
     Sq enter only through the rows H * Sq, and those only through the row block they choose (the bucket,
     `m<block_m>`); Dn, Dv, q_lora_rank, the softmax scale (a runtime argument) and the name do not count.
     prefill (`templates/prefill.py.jinja`, prefill and chunked prefill): Dn, Dr and Dv (the nope / rope
-    score dots and the value width) and the dtype; H only sizes the grid, the page size and Dc only the
-    prefix expansion (PyTorch GEMMs, not the tuned kernel), and causal or prefix is the bucket.
+    score dots and the value width) and the dtype; H only sizes the grid, the page size, Dc and the cache
+    dtype only the prefix expansion (PyTorch gather, dequantisation and GEMMs, not the tuned kernel), and
+    causal or prefix is the bucket.
     """
     if kernel == "decode":
-        return f"dc{spec.kv_lora_rank}-dr{spec.qk_rope_head_dim}-page{spec.page_size}-{spec.dtype}"
+        cache = f"-{spec.cache_dtype}" if spec.cache_dtype != spec.dtype else ""
+        return f"dc{spec.kv_lora_rank}-dr{spec.qk_rope_head_dim}-page{spec.page_size}-{spec.dtype}{cache}"
     if kernel == "prefill":
         return f"dn{spec.qk_nope_head_dim}-dr{spec.qk_rope_head_dim}-dv{spec.v_head_dim}-{spec.dtype}"
     raise ValueError(f"kernel {kernel!r}: no tuning key (choose decode or prefill)")

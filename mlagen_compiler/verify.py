@@ -23,6 +23,8 @@ __all__ = [
     "cu_seqlens",
     "decode_cases",
     "make_decode_inputs",
+    "random_cache",
+    "same_bits",
     "paged_block_table",
     "random_mha",
     "prefill_cases",
@@ -133,21 +135,57 @@ def random_mha(module: ModuleType, num_tokens: int, generator, device) -> tuple[
     return rnd(num_tokens, heads, dn + dr), rnd(num_tokens, heads, dn), rnd(num_tokens, dr), rnd(num_tokens, heads, dv)
 
 
+def random_cache(module: ModuleType, num_pages: int, generator, device) -> tuple[Any, Any]:
+    """(kv_cache, kv_scale): a paged cache of random latent rows, N(0, 1) and never all zeros, as the module
+    stores them, drawn from `generator` on its own device and moved to `device`.
+
+    A 16-bit cache holds the rows (kv_scale None). A scaled (fp8) cache holds quantize_latent(rows, kv_scale)
+    with kv_scale = max |row value| / 448, as a per-layer calibration sets it (the largest value lands on
+    the format's largest), as a float32 tensor of one element on `device`.
+    """
+    import torch
+
+    from .reference import FP8_E4M3_MAX, quantize_latent
+
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    latent = torch.randn(num_pages, module.PAGE_SIZE, 1, width, generator=generator, device=generator.device)
+    if not getattr(module, "CACHE_SCALED", False):
+        return latent.to(module.DTYPE).to(device), None
+    kv_scale = (latent.abs().amax() / FP8_E4M3_MAX).reshape(1)
+    return quantize_latent(latent, kv_scale, module.CACHE_DTYPE).to(device), kv_scale.to(device)
+
+
+def same_bits(a, b) -> bool:
+    """Bit-for-bit equality (torch.equal lacks fp8 on the CPU; NaN payloads count too)."""
+    import torch
+
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    return bool(torch.equal(a.view(torch.uint8).cpu(), b.view(torch.uint8).cpu()))
+
+
 def make_decode_inputs(module: ModuleType, seqlens, seqlen_q: int, generator, device) -> dict[str, Any]:
-    """Random q and paged cache for `seqlens` (see paged_block_table), data N(0, 1), never zeros."""
+    """Random q and paged cache for `seqlens` (see paged_block_table), data N(0, 1), never zeros.
+
+    A module with a scaled (fp8) cache also gets its `kv_scale` (see random_cache), as the generator picks:
+    a number, a 0-d or a one-element float32 tensor (all three forms mla_decode takes).
+    """
     import torch
 
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     block_table, num_pages = paged_block_table(seqlens, module.PAGE_SIZE, generator, spare_pages=3)
-    dtype = module.DTYPE
-    kv_cache = torch.randn(num_pages, module.PAGE_SIZE, 1, width, generator=generator).to(dtype)
-    q = torch.randn(len(seqlens), seqlen_q, module.NUM_HEADS, width, generator=generator).to(dtype)
-    return {
+    kv_cache, kv_scale = random_cache(module, num_pages, generator, device)
+    q = torch.randn(len(seqlens), seqlen_q, module.NUM_HEADS, width, generator=generator).to(module.DTYPE)
+    inputs = {
         "q": q.to(device),
-        "kv_cache": kv_cache.to(device),
+        "kv_cache": kv_cache,
         "block_table": block_table.to(device),
         "cache_seqlens": torch.tensor(seqlens, dtype=torch.int32, device=device),
     }
+    if kv_scale is not None:
+        form = int(torch.randint(0, 3, (1,), generator=generator))
+        inputs["kv_scale"] = (float(kv_scale), kv_scale.reshape(()), kv_scale)[form]
+    return inputs
 
 
 def _error_text(error: AssertionError) -> str:
@@ -167,7 +205,11 @@ def poison_unused_cache(inputs: dict[str, Any]) -> None:
     for b, length in enumerate(inputs["cache_seqlens"].cpu().tolist()):
         for i in range(-(-length // page_size)):
             owned[int(table[b, i]), : min(page_size, length - i * page_size)] = True
-    kv_cache[~owned.to(kv_cache.device)] = float("nan")
+    if kv_cache.element_size() == 1:
+        # fp8 (no masked fill in torch): e4m3fn's NaN, 0x7f (Triton's interpreter reads it as 480, a GPU as NaN)
+        kv_cache.view(torch.uint8)[~owned.to(kv_cache.device)] = 0x7F
+    else:
+        kv_cache[~owned.to(kv_cache.device)] = float("nan")
 
 
 def compare(out, ref, dtype_name: str) -> tuple[float, float, str]:
@@ -203,13 +245,13 @@ def compare_with_lse(out, lse, ref_out, ref_lse, dtype_name: str) -> tuple[float
 
 
 def decode_reference(module: ModuleType, inputs: dict[str, Any], softmax_scale: float | None = None):
-    """float64 reference of `module.mla_decode(**inputs)`: (out, lse)."""
-    from .reference import decode_paged
+    """float64 reference of `module.mla_decode(**inputs)`: (out, lse), over the dequantised cache."""
+    from .reference import decode_paged, dequantize_cache
 
     scale = module.SOFTMAX_SCALE if softmax_scale is None else softmax_scale
     return decode_paged(
         inputs["q"].double(),
-        inputs["kv_cache"].double(),
+        dequantize_cache(inputs["kv_cache"], inputs.get("kv_scale")),
         inputs["block_table"],
         inputs["cache_seqlens"],
         module.KV_LORA_RANK,
@@ -293,9 +335,9 @@ def run_prefill_case(
     """
     import torch
 
-    from .reference import chunked_prefill, prefill_varlen
+    from .reference import chunked_prefill, dequantize_cache, prefill_varlen
 
-    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    heads, dn, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM
     dc, dtype, name = module.KV_LORA_RANK, module.DTYPE, module.SPEC["name"]
     total = sum(case.seqlens)
 
@@ -317,15 +359,16 @@ def run_prefill_case(
     page = module.PAGE_SIZE
     table, num_pages = paged_block_table(case.prefix_lens, page, generator, spare_pages=2)
     table = table.to(device)
-    cache = rnd(num_pages, page, 1, dc + dr)
+    cache, kv_scale = random_cache(module, num_pages, generator, device)
     w_uk, w_uv = rnd(heads, dn, dc) / dc**0.5, rnd(heads, dv, dc) / dc**0.5
     prefix = torch.tensor(case.prefix_lens, dtype=torch.int32, device=device)
     out, lse = module.mla_chunked_prefill(
-        q, k_nope, k_pe, v, cu, max(case.seqlens), cache, table, prefix, w_uk, w_uv, return_lse=True, config=config
-    )
+        q, k_nope, k_pe, v, cu, max(case.seqlens), cache, table, prefix, w_uk, w_uv, kv_scale=kv_scale,
+        return_lse=True, config=config,
+    )  # fmt: skip
     ref = chunked_prefill(
-        q.double(), k_nope.double(), k_pe.double(), v.double(), cu.cpu(), cache.double(), table, case.prefix_lens,
-        w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=dtype,
+        q.double(), k_nope.double(), k_pe.double(), v.double(), cu.cpu(), dequantize_cache(cache, kv_scale), table,
+        case.prefix_lens, w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=dtype,
     )  # fmt: skip
     results.append(judge("chunked", out, lse, *ref))
     return results
@@ -346,22 +389,23 @@ def cache_write_cases(on_gpu: bool) -> list[CacheWriteCase]:
 
 
 def run_cache_write_case(module: ModuleType, case: CacheWriteCase, generator, device) -> CaseResult:
-    """mla_cache_write against reference.cache_write, bit for bit, on a cache full of random rows."""
+    """mla_cache_write against reference.cache_write, bit for bit, on a cache full of random rows (an fp8
+    cache: quantised with its kv_scale, bit for bit torch's conversion)."""
     import torch
 
     from .reference import cache_write
 
     dc, dr, page, dtype = module.KV_LORA_RANK, module.QK_ROPE_HEAD_DIM, module.PAGE_SIZE, module.DTYPE
     num_pages = max(case.num_pages, -(-case.num_tokens // page))
-    cache = torch.randn(num_pages, page, 1, dc + dr, generator=generator).to(dtype).to(device)
+    cache, kv_scale = random_cache(module, num_pages, generator, device)
     slots = torch.randperm(num_pages * page, generator=generator)[: case.num_tokens]
     slots[::5] = -1  # padding tokens are skipped
     slots = slots.to(device)
     c_kv = torch.randn(case.num_tokens, dc, generator=generator).to(dtype).to(device)
     rope = torch.randn(case.num_tokens, dr, generator=generator).to(dtype).to(device)
-    want = cache_write(cache, c_kv, rope, slots)
-    module.mla_cache_write(c_kv, rope, cache, slots)
-    same = bool(torch.equal(cache, want))
+    want = cache_write(cache, c_kv, rope, slots, kv_scale)
+    module.mla_cache_write(c_kv, rope, cache, slots, kv_scale=kv_scale)
+    same = same_bits(cache, want)
     return CaseResult(module.SPEC["name"], "cache_write", case.name, 0.0, 0.0, same, "" if same else "cache differs")
 
 

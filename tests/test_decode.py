@@ -2,6 +2,9 @@
 
 Runs in Triton's interpreter without a GPU and unchanged on one. Outputs are poisoned (NaN) before each
 call and workspaces are NaN-filled (MLAGEN_POISON_WORKSPACE, conftest), so unwritten elements fail.
+The cache is drawn 16-bit (the spec dtype) or fp8 e4m3 with a per-layer kv_scale; the reference reads the
+dequantised fp8 cache, so both are held to the same tolerances (see test_fp8.py for fp8 against the
+unquantised latent).
 """
 
 from unittest.mock import patch
@@ -35,6 +38,8 @@ GEOMETRIES = [  # (H, Dc, Dr): DeepSeek-like, Mistral-Small-4-like, MiniCPM3-lik
 #: the geometries the Gluon backend takes (the others always run the portable kernel)
 GLUON_GEOMETRIES = [g for g in GEOMETRIES if lower_gluon_decode(g[1], g[2]).eligible]
 PAGE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+#: cache dtypes of the portable kernel: the spec dtype (None) or fp8; the Gluon decode takes 16-bit caches only
+CACHE_DTYPES = [None, "float8_e4m3fn"]
 
 
 def gluon_skip_reason(build_module, device) -> str:
@@ -50,10 +55,11 @@ def require_backend(build_module, device, backend):
 
 
 @st.composite
-def decode_problems(draw, geometries=tuple(GEOMETRIES)):
+def decode_problems(draw, geometries=tuple(GEOMETRIES), cache_dtypes=tuple(CACHE_DTYPES)):
     heads, dc, dr = draw(st.sampled_from(geometries))
     page_size = draw(st.sampled_from(PAGE_SIZES))
     dtype = draw(st.sampled_from(["bfloat16", "float16"]))
+    cache_dtype = draw(st.sampled_from(cache_dtypes))
     seqlen_q = draw(st.integers(1, 4))
     p = page_size
     length = st.one_of(
@@ -78,6 +84,7 @@ def decode_problems(draw, geometries=tuple(GEOMETRIES)):
         dr=dr,
         page_size=page_size,
         dtype=dtype,
+        cache_dtype=cache_dtype,
         seqlen_q=seqlen_q,
         seqlens=seqlens,
         num_parts=num_parts,
@@ -99,6 +106,7 @@ def module_for(build_module, problem):
         v_head_dim=64,
         page_size=problem["page_size"],
         dtype=problem["dtype"],
+        cache_dtype=problem.get("cache_dtype"),
     )
 
 
@@ -141,18 +149,24 @@ def check_decode(module, device, problem, backend, calls=1):
 @given(data=st.data())
 def test_decode_matches_reference(build_module, device, backend, data):
     require_backend(build_module, device, backend)
-    problem = data.draw(decode_problems(tuple(GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES)))
+    gluon = backend == "gluon"
+    problem = data.draw(
+        decode_problems(tuple(GLUON_GEOMETRIES if gluon else GEOMETRIES), (None,) if gluon else tuple(CACHE_DTYPES))
+    )
     note(repr(problem))
     check_decode(module_for(build_module, problem), device, problem, backend)
 
 
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("page_size", PAGE_SIZES)
-def test_decode_every_page_size(build_module, device, backend, page_size):
-    """Every page size with Sq 1..4, page edges, an empty sequence and NaN in every unused slot; GPU only
-    (under the interpreter the property test above covers these, a few at a time)."""
+def test_decode_every_page_size(build_module, device, backend, page_size, cache_dtype):
+    """Every page size with Sq 1..4, page edges, an empty sequence and NaN in every unused slot, 16-bit and
+    fp8 caches; GPU only (under the interpreter the property test above covers these, a few at a time)."""
     if device.type != "cuda":
         pytest.skip("GPU only: the interpreter runs the property test's draws instead")
+    if backend == "gluon" and cache_dtype is not None:
+        pytest.skip("the Gluon decode reads 16-bit caches only (the plan gives fp8 to the portable kernel)")
     require_backend(build_module, device, backend)
     p = page_size
     for seqlen_q in (1, 2, 3, 4):
@@ -162,6 +176,7 @@ def test_decode_every_page_size(build_module, device, backend, page_size):
             dr=64,
             page_size=p,
             dtype="bfloat16",
+            cache_dtype=cache_dtype,
             seqlen_q=seqlen_q,
             seqlens=[1, max(1, p - 1), p + 1, 0, 3 * p + 5, 700, 64, 129],
             num_parts=None if seqlen_q % 2 else 7,

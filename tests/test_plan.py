@@ -44,19 +44,21 @@ def multiple_of_16(lo, hi):
     dn=multiple_of_16(16, 256),
     dv=multiple_of_16(16, 256),
     page_size=st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256]),
+    cache_dtype=st.sampled_from([None, "float8_e4m3fn"]),
 )
-def test_plan_never_offers_a_config_over_budget(heads, dc, dr, dn, dv, page_size):
+def test_plan_never_offers_a_config_over_budget(heads, dc, dr, dn, dv, page_size, cache_dtype):
     """Over the whole range a spec may take: every offered tile fits the target's registers and shared memory."""
     budget = ARCH_BUDGETS[PLAN_ARCH]
     geometry = dict(num_heads=heads, kv_lora_rank=dc, qk_rope_head_dim=dr, qk_nope_head_dim=dn, v_head_dim=dv)
-    plan = lower(spec(**geometry, page_size=page_size, kernels=["decode", "prefill"]))
+    plan = lower(spec(**geometry, page_size=page_size, cache_dtype=cache_dtype, kernels=["decode", "prefill"]))
     decode = plan.decode
     assert decode.block_ms()[0] == 16 and decode.block_ms() == tuple(sorted(decode.block_ms()))
     offered = [(m, c) for m, configs in decode.space for c in configs]
     offered += [*decode.defaults, *decode.small_batch_defaults]
     for block_m, c in offered:
         assert c in dict(decode.space)[block_m]
-        assert decode_smem_bytes(block_m, c, decode.dc_pad, decode.dr_pad) <= budget.smem_bytes, (block_m, c)
+        smem = decode_smem_bytes(block_m, c, decode.dc_pad, decode.dr_pad, decode.cache_bytes)
+        assert smem <= budget.smem_bytes, (block_m, c)
         assert decode_live_regs(block_m, c, decode.dc_pad) <= budget.live_fp32_regs_per_thread, (block_m, c)
     prefill = plan.prefill
     assert prefill.space and prefill.default in prefill.space
@@ -78,6 +80,28 @@ def test_pinned_tiles_over_the_shared_memory_budget_are_an_error(kernel):
     tiles = {"block_m": 64, "block_n": 128, "num_warps": 8, "num_stages": 4}
     with pytest.raises(PlanError, match=rf"^tiles\.{kernel}: block_m=64, block_n=128, num_stages=4 needs [\d,]+ B"):
         lower(spec(kernels=[kernel], tiles={kernel: tiles}))
+
+
+def test_fp8_cache_plan():
+    """An fp8 cache: 1-byte stages (and, for warpgroup-MMA row blocks, one tile converted to the query's
+    dtype), runs of twice the blocks for the same fixed cost, and the portable kernel (the Gluon decode reads
+    16-bit caches), the reason in the plan."""
+    bf16 = lower(spec()).decode
+    fp8 = lower(spec(cache_dtype="float8_e4m3fn"))
+    assert fp8.cache_dtype == "float8_e4m3fn" and fp8.cache_scaled and fp8.dtype == "bfloat16"
+    decode = fp8.decode
+    assert (bf16.cache_bytes, decode.cache_bytes) == (2, 1)
+    c = TileConfig(64, 8, 2)
+    # bytes per column: stages x block_n x element size (+ the converted block) + 2 x query rows
+    assert decode_smem_bytes(16, c, 512, 64) == (2 * 64 * 2 + 2 * 16) * 576
+    assert decode_smem_bytes(16, c, 512, 64, cache_bytes=1) == (2 * 64 * 1 + 2 * 16) * 576
+    assert decode_smem_bytes(64, c, 512, 64, cache_bytes=1) == (2 * 64 * 1 + 64 * 2 + 2 * 64) * 576
+    for key, blocks in decode.min_blocks_per_part:  # half the bytes per block: about twice the blocks
+        assert dict(bf16.min_blocks_per_part)[key] <= blocks <= 2 * dict(bf16.min_blocks_per_part)[key], key
+    assert (dict(bf16.min_blocks_per_part)[(64, 64)], dict(decode.min_blocks_per_part)[(64, 64)]) == (5, 10)
+    assert bf16.gluon.eligible and not decode.gluon.eligible
+    assert decode.gluon.reason == "the cache is float8_e4m3fn: the Gluon decode reads 16-bit caches only"
+    assert fp8.summary()["decode"]["backend"] == f"triton (not gluon: {decode.gluon.reason})"
 
 
 def test_wide_latent_needs_eight_warps_for_64_rows():

@@ -17,12 +17,13 @@ from mlagen_compiler.reference import (
     attention,
     causal_mask,
     chunked_prefill,
+    dequantize_cache,
     mla_decompressed,
     prefill_varlen,
     project,
     random_weights,
 )
-from mlagen_compiler.verify import compare, compare_with_lse, cu_seqlens, paged_block_table, random_mha
+from mlagen_compiler.verify import compare, compare_with_lse, cu_seqlens, paged_block_table, random_cache, random_mha
 
 GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like, odd widths (padded)
     (2, 128, 64, 128, 512),
@@ -35,7 +36,7 @@ GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like,
 EXTRA_TILES = [(32, 16), (16, 32)]
 
 
-def module_for(build_module, geometry, dtype, page_size=16):
+def module_for(build_module, geometry, dtype, page_size=16, cache_dtype=None):
     heads, dn, dr, dv, dc = geometry
     return build_module(
         name="prefill-prop",
@@ -46,6 +47,7 @@ def module_for(build_module, geometry, dtype, page_size=16):
         v_head_dim=dv,
         page_size=page_size,
         dtype=dtype,
+        cache_dtype=cache_dtype,
         kernels=["prefill"],
     )
 
@@ -139,17 +141,19 @@ def test_merge_attn_states_equals_attention_over_the_union(build_module, device,
 
 
 def paged_cache(module, prefix_lens, generator, device):
-    """Random latent cache holding the prefixes in shuffled pages (see verify.paged_block_table), and its table."""
+    """Random latent cache holding the prefixes in shuffled pages (see verify.paged_block_table), its table
+    and its kv_scale (None for a 16-bit cache, see verify.random_cache)."""
     table, num_pages = paged_block_table(prefix_lens, module.PAGE_SIZE, generator, spare_pages=2)
-    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
-    cache = torch.randn(num_pages, module.PAGE_SIZE, 1, width, generator=generator).to(module.DTYPE)
-    return cache.to(device), table.to(device)
+    cache, kv_scale = random_cache(module, num_pages, generator, device)
+    return cache, table.to(device), kv_scale
 
 
 @given(problem=prefill_problems(), data=st.data())
 def test_chunked_prefill_equals_full_attention(build_module, device, problem, data):
     page_size = data.draw(st.sampled_from([1, 4, 16]), label="page_size")
-    module = module_for(build_module, problem["geometry"], problem["dtype"], page_size)
+    # the prefix in a 16-bit or an fp8 cache (dequantised before it is expanded)
+    cache_dtype = data.draw(st.sampled_from([None, "float8_e4m3fn"]), label="cache_dtype")
+    module = module_for(build_module, problem["geometry"], problem["dtype"], page_size, cache_dtype)
     config = module.prefill_config(device)
     if problem["tiles"] is not None:
         config = (*problem["tiles"], *config[2:])
@@ -161,7 +165,7 @@ def test_chunked_prefill_equals_full_attention(build_module, device, problem, da
     g = torch.Generator().manual_seed(problem["seed"])
     cu = cu_seqlens(lengths, device)
     q, k_nope, k_pe, v = random_mha(module, sum(lengths), g, device)
-    cache, table = paged_cache(module, prefix_lens, g, device)
+    cache, table, kv_scale = paged_cache(module, prefix_lens, g, device)
     heads, dn, dv, dc = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
     w_uk = (torch.randn(heads, dn, dc, generator=g) / dc**0.5).to(module.DTYPE).to(device)
     w_uv = (torch.randn(heads, dv, dc, generator=g) / dc**0.5).to(module.DTYPE).to(device)
@@ -170,11 +174,11 @@ def test_chunked_prefill_equals_full_attention(build_module, device, problem, da
     # the prefix total as a host int (no synchronisation, graph-capturable) or read from prefix_lens
     total = data.draw(st.sampled_from([None, sum(prefix_lens)]), label="num_prefix_tokens")
     got, got_lse = module.mla_chunked_prefill(
-        q, k_nope, k_pe, v, cu, max(lengths), cache, table, plen, w_uk, w_uv,
+        q, k_nope, k_pe, v, cu, max(lengths), cache, table, plen, w_uk, w_uv, kv_scale=kv_scale,
         return_lse=True, out=out, lse=lse, config=config, num_prefix_tokens=total,
     )  # fmt: skip
     want, want_lse = chunked_prefill(
-        q.double(), k_nope.double(), k_pe.double(), v.double(), cu, cache.double(), table, plen,
+        q.double(), k_nope.double(), k_pe.double(), v.double(), cu, dequantize_cache(cache, kv_scale), table, plen,
         w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=module.DTYPE,
     )  # fmt: skip
     check(got, got_lse, want, want_lse, problem["dtype"])

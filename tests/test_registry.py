@@ -18,8 +18,10 @@ BUNDLED = [
     "deepseek-v3-tp2",
     "deepseek-v3-tp4",
     "deepseek-v3-tp8",
+    "deepseek-v3-tp8-fp8",
     "kimi-k2",
     "mistral-small-4",
+    "mistral-small-4-fp8",
 ]
 USER_SPEC = """\
 name: {name}

@@ -49,6 +49,8 @@ page_size: 64          # power of two, 1..256
         ("dtype", "float32", "bfloat16"),
         ("name", "Bad Name", "pattern"),
         ("kernels", ["decode", "decode"], "once"),
+        ("cache_dtype", "float16", "the spec's dtype (bfloat16) or one of float8_e4m3fn"),
+        ("cache_dtype", "fp8", "float8_e4m3fn"),
     ],
 )
 def test_invalid_field_names_field_value_and_allowed(field, value, allowed):
@@ -107,6 +109,18 @@ def test_hash_ignores_key_order_comments_whitespace(tmp_path):
     assert spec_from_dict({**BASE, "page_size": 32}).content_hash() != load_spec(a).content_hash()
 
 
+def test_cache_dtype_defaults_to_the_dtype():
+    """An omitted (or null) cache_dtype is the spec's dtype, and writing it out does not change the hash."""
+    plain = spec_from_dict(BASE)
+    assert plain.cache_dtype == "bfloat16" and not plain.cache_scaled
+    for explicit in ("bfloat16", None):
+        assert spec_from_dict({**BASE, "cache_dtype": explicit}).content_hash() == plain.content_hash()
+    assert spec_from_dict({**BASE, "dtype": "float16"}).cache_dtype == "float16"
+    fp8 = spec_from_dict({**BASE, "cache_dtype": "float8_e4m3fn"})
+    assert fp8.cache_scaled and fp8.dtype == "bfloat16" and fp8.content_hash() != plain.content_hash()
+    assert spec_from_dict({**BASE, "dtype": "float16", "cache_dtype": "float8_e4m3fn"}).cache_scaled
+
+
 def test_bundled_specs_cover_design_geometries():
     names = set(registered_specs())
     expected = {
@@ -127,6 +141,8 @@ def test_bundled_specs_cover_design_geometries():
         "deepseek-v3-tp2": (64, 1536, 512, 64, 128, 128),
         "kimi-k2": (64, 1536, 512, 64, 128, 128),
         "mistral-small-4": (32, 1024, 256, 64, 64, 128),
+        "deepseek-v3-tp8-fp8": (16, 1536, 512, 64, 128, 128),
+        "mistral-small-4-fp8": (32, 1024, 256, 64, 64, 128),
     }
     for name, want in geometry.items():
         s = resolve_spec(name)
@@ -139,6 +155,11 @@ def test_bundled_specs_cover_design_geometries():
             s.v_head_dim,
         )
         assert got == want, name
+        assert s.cache_dtype == ("float8_e4m3fn" if name.endswith("-fp8") else s.dtype), name
+    # an fp8 spec is its 16-bit twin with the cache dtype changed, nothing else
+    for name in ("deepseek-v3-tp8", "mistral-small-4"):
+        twin = resolve_spec(f"{name}-fp8").to_flat_dict()
+        assert {**twin, "name": name, "cache_dtype": "bfloat16"} == resolve_spec(name).to_flat_dict()
 
 
 def test_published_schema_is_current():

@@ -146,9 +146,22 @@ def test_geometry_keys_name_what_the_kernels_depend_on():
     assert tuning.kernel_geometry("prefill", spec_from_dict({**FIELDS, "page_size": 64, "kv_lora_rank": 128})) == (
         tuning.kernel_geometry("prefill", spec)
     )
-    for field, value in (("kv_lora_rank", 128), ("qk_rope_head_dim", 32), ("page_size", 64), ("dtype", "bfloat16")):
+    for field, value in (
+        ("kv_lora_rank", 128),
+        ("qk_rope_head_dim", 32),
+        ("page_size", 64),
+        ("dtype", "bfloat16"),
+        ("cache_dtype", "float8_e4m3fn"),
+    ):
         changed = spec_from_dict({**FIELDS, field: value})
         assert tuning.kernel_geometry("decode", changed) != tuning.kernel_geometry("decode", spec), field
+    # an fp8 cache has decode entries of its own; a 16-bit one keeps its key; prefill never reads the cache
+    fp8 = spec_from_dict({**FIELDS, "cache_dtype": "float8_e4m3fn"})
+    assert tuning.kernel_geometry("decode", fp8) == "dc64-dr16-page16-float16-float8_e4m3fn"
+    assert tuning.kernel_geometry("decode", spec_from_dict({**FIELDS, "cache_dtype": "float16"})) == (
+        "dc64-dr16-page16-float16"
+    )
+    assert tuning.kernel_geometry("prefill", fp8) == tuning.kernel_geometry("prefill", spec)
     with pytest.raises(ValueError, match="kernel 'combine': no tuning key"):
         tuning.kernel_geometry("combine", spec)
 
@@ -590,6 +603,28 @@ def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
     assert not report.ok and "WRONG RESULTS: tune-pinned decode m16 (128, 4, 1)" in out.err
     assert "WRONG RESULTS: tune-pinned prefill causal (64, 128, 4, 1)" in out.err
     assert all(e["config"][-3] == 64 for e in read_db(db))  # the fastest that is right
+
+
+def test_tune_flow_fp8_cache_under_interpreter(tmp_path, monkeypatch):
+    """`mlagen tune` of an fp8-cache spec: its decode runs on fp8 inputs with their kv_scale, checked against
+    the dequantised reference, and lands under its own geometry key, beside the 16-bit spec's entries."""
+    from mlagen_compiler import tuner
+
+    fields = {**PINNED, "name": "tune-fp8", "kernels": ["decode"]}
+    fp8, plain = spec_from_dict({**fields, "cache_dtype": "float8_e4m3fn"}), spec_from_dict(fields)
+    monkeypatch.setattr(tuner, "time_config", _fake_clock)
+    db = tmp_path / "db.json"
+    for spec in (plain, fp8):
+        report = tuner.tune_specs([spec], TINY_CASES[:1], db_path=db, jobs=0, device=torch.device("cpu"))
+        assert report.ok
+    geometries = sorted(e["geometry"] for e in read_db(db))
+    assert geometries == ["dc64-dr16-page16-float16", "dc64-dr16-page16-float16-float8_e4m3fn"]
+    for spec in (plain, fp8):  # each spec takes its own entries only
+        assert {e["geometry"] for e in tuning.select_entries(spec, read_db(db))} == {
+            tuning.kernel_geometry("decode", spec)
+        }
+    inputs = make_inputs(import_module_from_path(compile_spec(fp8, tmp_path)), [5, 9], 1, torch.Generator(), "cpu")
+    assert inputs["kv_cache"].dtype == torch.float8_e4m3fn and inputs["kv_scale"].dtype == torch.float32
 
 
 def test_warm_up_compiles_in_worker_processes(tmp_path):
