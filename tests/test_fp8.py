@@ -229,3 +229,22 @@ def test_fp8_decode_replays_in_a_cuda_graph_and_reads_the_scale_on_the_device(bu
         torch.cuda.synchronize()
         want = module.mla_decode(**inputs, kv_scale=value)
         assert torch.equal(out, want)
+
+
+def test_fp8_ops_take_the_scale(build_module, device):
+    """The module's custom ops pass kv_scale through: the decode op equals mla_decode with the same scale, and a
+    different scale changes the result (so the op does not ignore it); the cache-write op writes what
+    mla_cache_write writes."""
+    module = fp8_module(build_module, name="fp8-ops", num_heads=4, page_size=4)
+    inputs, write = small_problem(module, device, seed=3)
+    scale = torch.tensor([0.75], device=device)
+    expected_cache = inputs["kv_cache"].clone()
+    module.mla_cache_write(**{**write, "kv_cache": expected_cache}, kv_scale=scale)
+    module.ops.cache_write(write["c_kv"], write["k_pe"], inputs["kv_cache"], write["slot_mapping"], scale)
+    assert torch.equal(inputs["kv_cache"].view(torch.uint8), expected_cache.view(torch.uint8))
+    args = (inputs["q"], inputs["kv_cache"], inputs["block_table"], inputs["cache_seqlens"])
+    out, lse = module.ops.decode(*args, None, scale)
+    want, want_lse = module.mla_decode(*args, kv_scale=scale, return_lse=True)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(lse, want_lse, rtol=0, atol=0)
+    assert not torch.equal(module.ops.decode(*args, None, scale * 2)[0], out)

@@ -121,8 +121,8 @@ def test_importing_the_same_file_twice_keeps_the_first_registration(module, tmp_
     assert again is not module and again.ops.namespace == module.ops.namespace
     assert again.ops.cache_write is module.ops.cache_write and again.ops.decode is module.ops.decode
     calls = []
-    monkeypatch.setattr(module, "mla_cache_write", lambda *args: calls.append("first"))
-    monkeypatch.setattr(again, "mla_cache_write", lambda *args: calls.append("second"))
+    monkeypatch.setattr(module, "mla_cache_write", lambda *args, **kwargs: calls.append("first"))
+    monkeypatch.setattr(again, "mla_cache_write", lambda *args, **kwargs: calls.append("second"))
     again.ops.cache_write(*inputs(module)["cache_write"])
     assert calls == ["first"]
 
