@@ -192,6 +192,7 @@ def test_number_scales_become_one_cached_tensor(build_module, device):
     """A number is turned into a float32 tensor once per (device, value), then reused: after the first step
     a model's calls make no tensor; a tensor is passed through as it is."""
     module = fp8_module(build_module, name="fp8-cache")
+    device = torch.empty(0, device=device).device  # as the wrappers see it: q.device, "cuda:0" not "cuda"
     first = module._kv_scale(0.25, device)
     assert first.dtype == torch.float32 and first.shape == (1,) and float(first) == 0.25
     assert module._kv_scale(0.25, device) is first and module._kv_scale(0.5, device) is not first
