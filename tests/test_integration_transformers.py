@@ -561,6 +561,30 @@ def test_torch_compile_fullgraph_traces_a_whole_planned_model_step():
 
 
 @CPU_MODEL
+def test_a_compiled_planned_step_does_not_recompile_on_every_call():
+    """Running one planned step again and again through torch.compile compiles it at most twice (the first
+    call's state, then the steady one): state the patch mutates per call must not be guarded by value."""
+    torch._dynamo.reset()
+    model = patched(tiny_v3(seed=21), torch.float16)
+    gen = torch.Generator().manual_seed(22)
+    prompt, token = torch.randint(1, VOCAB, (2, 4), generator=gen), torch.randint(1, VOCAB, (2, 1), generator=gen)
+    cache = PagedMLACache(model, max_batch_size=2, max_cache_len=8)
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    compiled = torch.compile(model, fullgraph=True, backend=counting_backend)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache)
+        with hf.planned_step(model, cache, batch_size=2):
+            for _ in range(5):
+                compiled(token, past_key_values=cache)
+    assert 1 <= len(graphs) <= 2, f"{len(graphs)} compilations for 5 calls of one step"
+
+
+@CPU_MODEL
 def test_torch_compile_traces_patched_attention_without_graph_breaks(modes):
     """Each layer's patched attention compiled with fullgraph=True (a graph break would raise): the prompt,
     a decode step and a chunk give the eager model's logits."""

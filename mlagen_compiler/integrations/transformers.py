@@ -327,7 +327,9 @@ class _Patch:
     step: _Step | None = None
     #: a step fixed by planned_step: every forward runs it, none plans or commits one
     planned: _Step | None = None
-    planned_forwards: int = 0
+    #: whether a forward ran the planned step (a bool, not a count: torch.compile guards a module's ints by
+    #: value, so a counter recompiled a compiled step on every call; a flag compiles twice at most)
+    planned_ran: bool = False
 
 
 def _patch_of(model: nn.Module) -> _Patch | None:
@@ -440,7 +442,7 @@ def _before_forward(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple
                 f"input of {batch} sequences x {num_new} tokens with {type(cache).__name__}: inside planned_step the "
                 f"forward must feed the planned step ({step.batch} x {step.num_new} tokens, its PagedMLACache)"
             )
-        patch.planned_forwards += 1
+        patch.planned_ran = True
     else:
         mask = kwargs.get("attention_mask")
         if mask is not None and mask.ndim != 2:
@@ -502,12 +504,12 @@ def planned_step(
     if attention_mask is not None and attention_mask.ndim != 2:
         raise ValueError(f"attention_mask: expected the 2-D padding mask, got a {attention_mask.ndim}-D mask")
     step = _plan_step(cache, attention_mask, batch_size, num_new_tokens, patch.device)
-    patch.planned, patch.planned_forwards = step, 0
+    patch.planned, patch.planned_ran = step, False
     try:
         yield
     finally:
         patch.planned = None
-    if patch.planned_forwards:  # the step's rows are in the cache
+    if patch.planned_ran:  # the step's rows are in the cache
         cache._commit(step)
 
 
