@@ -7,7 +7,7 @@ and stack (spills) per thread. For a cache of page_size >= block_n the cache til
 the GPU. Catches compile errors and heavy spills (e.g. of fp8 tiles converted in registers) without device
 time; it says nothing about speed.
 
-    python benchmarks/decode_offline_compile.py generated/deepseek_v3_tp8_fp8.py [16:32,4,3 64:64,8,2 | --all]
+    python benchmarks/decode_offline_compile.py generated/deepseek_v3_tp8_fp8.py [16:32,4,3 64:64,8,2] [--merge fused]
 """
 
 from __future__ import annotations
@@ -37,11 +37,15 @@ class _CompileOnly:
         return compile_only
 
 
-def compile_configs(module_path: str, configs: list[tuple[int, tuple[int, int, int]]]) -> list[str]:
-    """One report line per (block_m, (block_n, num_warps, num_stages)) of the module's split kernel."""
+def compile_configs(
+    module_path: str, configs: list[tuple[int, tuple[int, int, int]]], merge: str = "kernel"
+) -> list[str]:
+    """One report line per (block_m, (block_n, num_warps, num_stages)) of the module's split kernel, with the
+    fused merge compiled in (merge="fused") or not ("kernel": the combine launch, the portable default)."""
     from triton.runtime.driver import driver
 
     os.environ.pop("TRITON_INTERPRET", None)
+    os.environ["MLAGEN_DIRECT_LAUNCH"] = "0"  # every launch through kernel[grid], which compiles only here
     driver.set_active(_OfflineHopperDriver())
     spec = importlib.util.spec_from_file_location("offline_decode_module", module_path)
     module = importlib.util.module_from_spec(spec)
@@ -58,10 +62,12 @@ def compile_configs(module_path: str, configs: list[tuple[int, tuple[int, int, i
     for block_m, config in configs:
         seqlen_q, batch = max(1, block_m // module.NUM_HEADS), 4
         q = torch.zeros(batch, seqlen_q, module.NUM_HEADS, width, dtype=module.DTYPE)
-        kv = torch.zeros(64, module.PAGE_SIZE, 1, width, dtype=torch.uint8).view(cache_dtype)
+        kv = torch.zeros(64, module.PAGE_SIZE, 1, width, dtype=cache_dtype)
         table = torch.zeros(batch, 16, dtype=torch.int32)
         lens = torch.full((batch,), 8, dtype=torch.int32)
-        schedule = module.get_decode_schedule(batch, seqlen_q, torch.device("cpu"), config=config, block_m=block_m)
+        schedule = module.get_decode_schedule(
+            batch, seqlen_q, torch.device("cpu"), config=config, block_m=block_m, merge=merge
+        )
         compiled.clear()
         module.mla_decode(q, kv, table, lens, schedule=schedule, validate=False, **scaled)
         kernel = compiled[-1]
@@ -76,12 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("module")
     parser.add_argument("configs", nargs="*", help="block_m:block_n,num_warps,num_stages (default: the whole space)")
+    parser.add_argument("--merge", default="kernel", choices=["kernel", "fused"], help="the split kernel's merge")
     args = parser.parse_args(argv)
     configs = []
     for text in args.configs:
         block_m, rest = text.split(":")
         configs.append((int(block_m), tuple(int(v) for v in rest.split(","))))
-    for line in compile_configs(args.module, configs):
+    for line in compile_configs(args.module, configs, args.merge):
         print(line, flush=True)
     return 0
 

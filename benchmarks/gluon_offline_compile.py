@@ -1,11 +1,12 @@
-"""Compile a generated module's decode kernels for sm_90a on a machine without a GPU (dev tool).
+"""Compile a generated module's Gluon decode kernel for sm_90a on a machine without a GPU (dev tool; the
+portable kernel: decode_offline_compile.py).
 
 Triton's front end, its passes and ptxas (shipped in the triton wheel) need no GPU: a stand-in driver
 answers "the current device is a compute capability 9.0 GPU", the kernel is compiled with `warmup`
 (nothing is launched), and the register / spill report of ptxas is printed. Catches Gluon API and layout
 errors and register spills without device time.
 
-    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--portable]
+    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
 """
 
 from __future__ import annotations
@@ -113,59 +114,6 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, f
     return {"shared": kernel.metadata.shared, "resources": _resource_usage(kernel.asm["cubin"]), "kernel": kernel}
 
 
-class _CompileOnly:
-    """Stands in for a @triton.jit kernel: `kernel[grid](...)` compiles (warmup) and launches nothing."""
-
-    def __init__(self, kernel) -> None:
-        self.kernel = kernel
-        self.compiled = []
-
-    def __getitem__(self, grid):
-        def compile_only(*args, **kwargs):
-            self.compiled.append(self.kernel.warmup(*args, grid=grid, **kwargs))
-
-        return compile_only
-
-
-def compile_portable_offline(module_path: str, seqlen_q: int = 1, merge: str = "fused") -> list[dict]:
-    """Compile the portable decode kernels (split, and combine for merge="kernel") for sm_90 through the
-    module's own mla_decode on CPU tensors, with each tuned configuration of the module's decode space."""
-    from triton.runtime.driver import driver
-
-    os.environ.pop("TRITON_INTERPRET", None)
-    driver.set_active(_OfflineHopperDriver())
-    spec = importlib.util.spec_from_file_location("offline_module", module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    split, combine = _CompileOnly(module._mla_decode_split_kernel), _CompileOnly(module._mla_decode_combine_kernel)
-    module._mla_decode_split_kernel, module._mla_decode_combine_kernel = split, combine
-    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
-    batch, heads, pages = 4, module.NUM_HEADS, 8
-    q = torch.zeros(batch, seqlen_q, heads, width, dtype=module.DTYPE)
-    kv = torch.zeros(pages, module.PAGE_SIZE, 1, width, dtype=module.DTYPE)
-    table = torch.zeros(batch, pages, dtype=torch.int32)
-    lens = torch.ones(batch, dtype=torch.int32)
-    results = []
-    for block_m in module.DECODE_SPACE:
-        if block_m < min(module.DECODE_MAX_BLOCK_M, seqlen_q * heads) and block_m != module.DECODE_SMALL_BLOCK_M:
-            continue
-        config = module.DECODE_DEFAULTS[block_m]
-        schedule = module.get_decode_schedule(
-            batch, seqlen_q, "cpu", config=config, block_m=block_m, merge=merge, backend="triton"
-        )
-        module.mla_decode(q, kv, table, lens, schedule=schedule, validate=False)
-        kernel = split.compiled[-1]
-        results.append(
-            {
-                "block_m": block_m,
-                "config": config,
-                "shared": kernel.metadata.shared,
-                "resources": _resource_usage(kernel.asm["cubin"]),
-            }
-        )
-    return results
-
-
 def _resource_usage(cubin: bytes) -> str:
     """cuobjdump's register / stack / spill line for the kernel (cuobjdump ships in the triton wheel)."""
     import subprocess
@@ -188,12 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gather", action="store_true", help="the gathering producer (pages < 64)")
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
     parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
-    parser.add_argument("--portable", action="store_true", help="the portable split kernel instead of Gluon's")
     args = parser.parse_args(argv)
-    if args.portable:
-        for row in compile_portable_offline(args.module, args.sq, "kernel" if args.combine_kernel else "fused"):
-            print(row)
-        return 0
     result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel)
     kernel = result.pop("kernel")
     print(result)
