@@ -76,10 +76,10 @@ def select_decode_backend(
     return "triton", why
 
 
-def decode_merge(requested, *, backend, batch_size, num_parts):
+def decode_merge(requested, *, backend, batch_size, num_parts, name="merge"):
     """How split sequences are merged: "fused" or "kernel" as requested (MLAGEN_DECODE_MERGE or the call's
-    merge=), or for "auto": "fused" for the Gluon backend where sequences average at most about five runs
-    (num_parts <= 4 * batch), else "kernel".
+    merge=, named by `name` in the error), or for "auto": "fused" for the Gluon backend where sequences
+    average at most about five runs (num_parts <= 4 * batch), else "kernel".
 
     Measured on the H100 (bf16, S=8192, 2026-11-22), fused against the combine launch. Gluon: H128 B32 (p66)
     182 against 215 us, H64 B128 479 / 495, H32 B128 Sq2 479 / 496, H128 B128 553 / 570, Mistral-Small-4
@@ -91,7 +91,7 @@ def decode_merge(requested, *, backend, batch_size, num_parts):
     if requested == "auto":
         return "fused" if backend == "gluon" and num_parts <= 4 * batch_size else "kernel"
     if requested not in DECODE_MERGES:
-        raise _policy_error("merge", f"expected auto, fused or kernel, got {requested!r}")
+        raise _policy_error(name, f"expected auto, fused or kernel, got {requested!r}")
     return requested
 
 

@@ -150,3 +150,16 @@ def test_gluon_api_missing_falls_back(monkeypatch, tmp_path):
     if module.TRITON_VERSION in GLUON_VERIFIED_TRITON:
         assert "triton.experimental.gluon is unusable" in module._GLUON_IMPORT_ERROR
     assert module._GLUON_IMPORT_ERROR and not hasattr(module, "_mla_decode_gluon_kernel")
+
+
+def test_a_wrong_merge_names_where_it_came_from(module, monkeypatch):
+    import torch
+
+    cpu = torch.device("cpu")
+    with pytest.raises(ValueError, match="^merge: expected auto, fused or kernel, got 'both'$"):
+        module.get_decode_schedule(2, 1, cpu, merge="both")
+    monkeypatch.setenv("MLAGEN_DECODE_MERGE", "fast")
+    with pytest.raises(ValueError, match="^MLAGEN_DECODE_MERGE: expected auto, fused or kernel, got 'fast'$"):
+        module.get_decode_schedule(2, 1, cpu)
+    monkeypatch.setenv("MLAGEN_DECODE_MERGE", "fused")
+    assert module.get_decode_schedule(2, 1, cpu).merge == "fused"
