@@ -187,3 +187,15 @@ def decode_tile_loads(
     """
     cache = enabled and page_size >= block_n and row_stride == width and page_stride == page_size * width
     return cache, cache and block_m >= q_tma_min_block_m and q_contiguous
+
+
+def fp8_dots_in_float16(block_m, *, wgmma_min_block_m):
+    """Whether the portable decode computes an fp8 cache's dots in float16 (else in the query's dtype).
+
+    Row blocks under wgmma_min_block_m run on mma.sync, whose operands the kernel converts in registers:
+    e4m3 to float16 is one instruction per pair, to bfloat16 one more per value through float16 (measured
+    on the H100, H16 B128: 425 µs against 630). Warpgroup MMAs read an unconverted query from shared memory;
+    a float16 copy of it would live in registers (H128 B128: 5031 µs against 1782), so their dots keep the
+    query's dtype.
+    """
+    return block_m < wgmma_min_block_m

@@ -17,6 +17,7 @@ from mlagen_compiler.reference import FP8_E4M3_MAX, decode_paged
 from mlagen_compiler.verify import (
     LSE_TOLERANCE,
     TOLERANCES,
+    compare_with_lse,
     cu_seqlens,
     make_decode_inputs,
     paged_block_table,
@@ -90,6 +91,25 @@ def test_fp8_decode_error_against_the_unquantised_latent(build_module, device, d
     )
     assert rel <= out_bound, f"relative error {rel:.4f} > bound {out_bound:.4f}"
     assert lse_rms <= lse_bound, f"rms LSE error {lse_rms:.4f} > bound {lse_bound:.4f}"
+
+
+@pytest.mark.parametrize("magnitude", [3e4, 1e-6])
+def test_fp8_decode_takes_queries_outside_float16s_range(build_module, device, magnitude):
+    """The portable kernel's fp8 dots run in float16 (mma.sync row blocks): a bfloat16 query of values past
+    float16's largest (65504) or deep in its subnormals is rescaled by a power of two first. q is scaled by
+    `magnitude` and the softmax scale by its inverse, so the scores (and the reference's conditioning) are
+    those of unit data, while the kernel sees the extreme values; 16-bit tolerances, nothing non-finite."""
+    module = fp8_module(build_module, name="fp8-range", num_heads=4)
+    inputs = make_decode_inputs(module, [37, 5, 70], 2, torch.Generator().manual_seed(5), device)
+    inputs["q"] = (inputs["q"].float() * magnitude).to(module.DTYPE)
+    scale = module.SOFTMAX_SCALE / magnitude
+    out, lse = module.mla_decode(**inputs, softmax_scale=scale, return_lse=True)
+    dequantised = inputs["kv_cache"].float() * float(inputs["kv_scale"])
+    want, want_lse = decode_paged(inputs["q"].double().cpu(), dequantised.double().cpu(), inputs["block_table"].cpu(),
+                                  inputs["cache_seqlens"].cpu(), module.KV_LORA_RANK, scale)  # fmt: skip
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    _, _, message = compare_with_lse(out, lse, want, want_lse, "bfloat16")
+    assert not message, message
 
 
 def small_problem(module, device, seed=0):

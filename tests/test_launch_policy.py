@@ -155,3 +155,8 @@ def test_decode_merge_fuses_where_sequences_have_few_runs():
     assert lp.decode_merge("kernel", batch_size=128, num_parts=66, **gluon) == "kernel"
     with pytest.raises(ValueError, match="merge: expected auto, fused or kernel, got 'both'"):
         lp.decode_merge("both", batch_size=1, num_parts=1, **gluon)
+
+
+def test_fp8_dots_in_float16_only_below_warpgroup_row_blocks():
+    assert lp.fp8_dots_in_float16(16, wgmma_min_block_m=64) and lp.fp8_dots_in_float16(32, wgmma_min_block_m=64)
+    assert not lp.fp8_dots_in_float16(64, wgmma_min_block_m=64)
