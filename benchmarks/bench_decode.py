@@ -250,8 +250,8 @@ def run_case(
     merge: str = "auto",
     cache: str = "bf16",
 ) -> Result | None:
-    """None when `backend` cannot run this case here (e.g. gluon off Hopper, an ineligible geometry, or an
-    fp8 cache, which the Gluon decode does not take)."""
+    """None when `backend` cannot run this case here (e.g. gluon off Hopper, an ineligible geometry, or a
+    Triton release the Gluon code was not verified with)."""
     module = module_for(case.spec, case.num_heads, tmp, cache)
     chosen, why = module.decode_backend(torch.device("cuda"), "auto" if backend == "gluon" else backend)
     if backend == "gluon" and chosen != "gluon":

@@ -7,6 +7,8 @@ answers "the current device is a compute capability 9.0 GPU", the kernel is comp
 errors and register spills without device time.
 
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
+
+An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles its converting producer (--gather is implied).
 """
 
 from __future__ import annotations
@@ -53,9 +55,13 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, f
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     batch, heads = 4, module.NUM_HEADS
     q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
-    kv = torch.empty(64 * module.PAGE_SIZE, width, dtype=module.DTYPE)
+    scaled = module.CACHE_SCALED  # an fp8 cache: the converting producer, whatever the page size
+    kv = torch.empty(64 * module.PAGE_SIZE, width, dtype=module.CACHE_DTYPE)
     q_desc_c, q_desc_r = module._gluon_descriptors(q, module.DECODE_GLUON_BLOCK_M)
-    kv_desc_c, kv_desc_r = module._gluon_descriptors(kv, module.DECODE_GLUON_BLOCK_N)
+    if scaled:
+        kv_desc_c, kv_desc_r = q_desc_c, q_desc_r
+    else:
+        kv_desc_c, kv_desc_r = module._gluon_descriptors(kv, module.DECODE_GLUON_BLOCK_N)
     i32 = torch.empty(16, dtype=torch.int32)
     f32 = torch.empty(16, dtype=torch.float32)
     out = torch.empty(16, dtype=module.DTYPE)
@@ -72,6 +78,7 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, f
         f32,
         f32,
         i32,
+        torch.empty(1, dtype=torch.float32) if scaled else i32,
         0.1,
         batch,
         8,
@@ -97,7 +104,7 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, f
         BLOCK_B=16,
         STAGES=module.DECODE_GLUON_STAGES,
         P_LAYOUT=module._GLUON_LAYOUT_P,
-        GATHER=gather,
+        GATHER=gather or scaled,
         GATHER_COLS=module.DECODE_GLUON_GATHER_COLS,
         GATHER_WARPS=module.DECODE_GLUON_GATHER_WARPS,
         FUSED_MERGE=fused_merge,
@@ -108,6 +115,8 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, f
         PRODUCER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
         GATHER_REGS=module.DECODE_GLUON_GATHER_REGS,
         LN2=0.6931471805599453,
+        SCALED=scaled,
+        CONVERT_REGS=module.DECODE_GLUON_CONVERT_REGS,
         num_warps=4,
         grid=(1,),
     )

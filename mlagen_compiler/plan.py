@@ -135,6 +135,12 @@ class GluonDecodePlan:
     tensor of at most 256 columns: the wgmma N limit, and 128 fp32 registers a thread at 256), Dr a power
     of two in 16..128 (tensor shapes are powers of two; one K step of 16), and the query tile plus two
     cache stages plus P must fit shared memory. Other geometries use the portable Triton kernel.
+
+    An fp8 (float8_e4m3fn) cache: the stages still hold 16-bit rows (warpgroup MMAs take both operands in
+    one 16-bit type); a converting producer (``gather_warps`` warps, ``convert_regs`` registers) loads each
+    block's fp8 rows through the page table, any page size, in 16-byte vectors before waiting for its stage,
+    converts them to the query's dtype (exact) and stores them; kv_scale joins the softmax scale and
+    multiplies the finished rows. Half the bytes read from memory per block; the same MMAs and shared memory.
     """
 
     eligible: bool
@@ -153,6 +159,9 @@ class GluonDecodePlan:
     gather_warps: int
     gather_regs: int
     gather_cols: int
+    #: fp8 cache: the converting producer fills the stages (any page size); its registers (gather_warps warps)
+    convert_cache: bool
+    convert_regs: int
     #: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks per run
     parts_per_sm: int
     min_blocks_per_part: int
@@ -173,10 +182,6 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
     block_m = block_n = 64
     dc_half = dc // 2
     reasons = []
-    if cache_dtype in SCALED_CACHE_DTYPES:
-        # its TMA boxes, shared-memory ring and warpgroup MMAs take the cache in the query's 16-bit dtype; an
-        # fp8 ring would need a conversion pass between the stages and the MMAs that is not written yet
-        reasons.append(f"the cache is {cache_dtype}: the Gluon decode reads 16-bit caches only")
     if dc % 2 or dc_half not in (64, 128, 256):
         reasons.append(f"Dc/2 = {dc / 2:g} is not a power of two in 64..256 (the columns each warpgroup accumulates)")
     if dr not in (16, 32, 64, 128):
@@ -202,6 +207,8 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         gather_warps=4,
         gather_regs=88,
         gather_cols=64,
+        convert_cache=cache_dtype in SCALED_CACHE_DTYPES,
+        convert_regs=104,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,
@@ -385,8 +392,10 @@ class KernelPlan:
             dec["interpreter"] = self.decode.interpreter.key()
             gluon = self.decode.gluon
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
+            converted = f" ({self.spec.cache_dtype} cache converted to {self.spec.dtype} in shared memory)"
             dec["backend"] = (
-                f"gluon on compute capability 9.x with triton {verified}, else triton"
+                f"gluon{converted if gluon.convert_cache else ''} on compute capability 9.x with triton {verified}, "
+                "else triton"
                 if gluon.eligible
                 else f"triton (not gluon: {gluon.reason})"
             )

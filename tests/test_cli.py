@@ -29,10 +29,10 @@ def test_list_and_show():
     assert "deepseek-v3-tp8/decode" in listing.output and "mistral-small-4" in listing.output
     shown = run("show", "kimi-k2")
     assert shown.exit_code == 0 and '"num_heads": 64' in shown.output and '"dc_pad": 512' in shown.output
-    # an fp8 cache: the plan names it and says why the Gluon decode does not take it
+    # an fp8 cache: the plan names it, and the Gluon decode takes it, converted
     shown = run("show", "deepseek-v3-tp8-fp8")
     assert shown.exit_code == 0 and '"cache_dtype": "float8_e4m3fn"' in shown.output
-    assert "triton (not gluon: the cache is float8_e4m3fn: the Gluon decode reads 16-bit caches only)" in shown.output
+    assert "gluon (float8_e4m3fn cache converted to bfloat16 in shared memory) on compute" in shown.output
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ GEOMETRIES = [  # (H, Dc, Dr): DeepSeek-like, Mistral-Small-4-like, MiniCPM3-lik
 #: the geometries the Gluon backend takes (the others always run the portable kernel)
 GLUON_GEOMETRIES = [g for g in GEOMETRIES if lower_gluon_decode(g[1], g[2]).eligible]
 PAGE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-#: cache dtypes of the portable kernel: the spec dtype (None) or fp8; the Gluon decode takes 16-bit caches only
+#: cache dtypes: the spec dtype (None) or fp8 (the Gluon decode converts it to the query's dtype in its stages)
 CACHE_DTYPES = [None, "float8_e4m3fn"]
 
 
@@ -150,9 +150,7 @@ def check_decode(module, device, problem, backend, calls=1):
 def test_decode_matches_reference(build_module, device, backend, data):
     require_backend(build_module, device, backend)
     gluon = backend == "gluon"
-    problem = data.draw(
-        decode_problems(tuple(GLUON_GEOMETRIES if gluon else GEOMETRIES), (None,) if gluon else tuple(CACHE_DTYPES))
-    )
+    problem = data.draw(decode_problems(tuple(GLUON_GEOMETRIES if gluon else GEOMETRIES), tuple(CACHE_DTYPES)))
     note(repr(problem))
     check_decode(module_for(build_module, problem), device, problem, backend)
 
@@ -165,8 +163,6 @@ def test_decode_every_page_size(build_module, device, backend, page_size, cache_
     fp8 caches; GPU only (under the interpreter the property test above covers these, a few at a time)."""
     if device.type != "cuda":
         pytest.skip("GPU only: the interpreter runs the property test's draws instead")
-    if backend == "gluon" and cache_dtype is not None:
-        pytest.skip("the Gluon decode reads 16-bit caches only (the plan gives fp8 to the portable kernel)")
     require_backend(build_module, device, backend)
     p = page_size
     for seqlen_q in (1, 2, 3, 4):

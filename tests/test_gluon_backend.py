@@ -38,13 +38,11 @@ def _import_source(source: str, directory: Path, name: str):
 def test_bundled_specs_render_gluon_source(name):
     spec = resolve_spec(name)
     plan = lower(spec).decode.gluon
-    if spec.cache_scaled:  # an fp8 cache runs the portable kernel everywhere, and the module says why
-        assert not plan.eligible and "the cache is float8_e4m3fn" in plan.reason
-        assert "def _mla_decode_gluon_kernel(" not in module_source(spec)
-        return
     assert plan.eligible, plan.reason
+    assert plan.convert_cache == spec.cache_scaled  # an fp8 cache: converted by the producer into 16-bit stages
     source = module_source(spec)
     assert "def _mla_decode_gluon_kernel(" in source and "gl.warp_specialize(" in source
+    assert "def _gluon_producer_convert(" in source
     compile(source, f"<{name}>", "exec")
 
 
@@ -59,6 +57,7 @@ def gluon_specs(draw):
         qk_rope_head_dim=dr,
         page_size=draw(st.sampled_from([1, 2, 4, 8, 16, 32, 64, 128, 256])),
         dtype=draw(st.sampled_from(["bfloat16", "float16"])),
+        cache_dtype=draw(st.sampled_from([None, "float8_e4m3fn"])),
         **GEOMETRY,
     )
 
@@ -72,6 +71,8 @@ def test_drawn_geometry_renders_gluon_source_that_compiles(fields):
     assert ("def _mla_decode_gluon_kernel(" in source) == plan.eligible
     if plan.eligible:
         assert plan.dc_half * 2 == fields["kv_lora_rank"] and plan.num_stages >= 2
+        assert plan.convert_cache == (fields["cache_dtype"] is not None)
+        assert plan == lower_gluon_decode(fields["kv_lora_rank"], fields["qk_rope_head_dim"], fields["cache_dtype"])
         assert f"DECODE_GLUON_STAGES = {plan.num_stages}" in source
     else:
         assert plan.reason and repr(plan.reason) in source
@@ -163,3 +164,25 @@ def test_a_wrong_merge_names_where_it_came_from(module, monkeypatch):
         module.get_decode_schedule(2, 1, cpu)
     monkeypatch.setenv("MLAGEN_DECODE_MERGE", "fused")
     assert module.get_decode_schedule(2, 1, cpu).merge == "fused"
+
+
+def test_fp8_module_selects_gluon_on_hopper(tmp_path):
+    """An fp8-cache module holds the Gluon kernels (with the converting producer) and chooses them on a
+    compute capability 9.x GPU; elsewhere, and when asked, the portable kernel."""
+    spec = resolve_spec("deepseek-v3-tp8-fp8")
+    module = _import_source(module_source(spec), tmp_path, "fp8_select")
+    assert module.CACHE_SCALED and module.DECODE_GLUON_ELIGIBLE and module.DECODE_GLUON_INELIGIBLE_REASON == ""
+    facts = dict(
+        eligible=module.DECODE_GLUON_ELIGIBLE,
+        ineligible_reason=module.DECODE_GLUON_INELIGIBLE_REASON,
+        gluon_error=module._GLUON_IMPORT_ERROR,
+        interpreting=False,
+    )
+    backend, reason = module.select_decode_backend("auto", capability=(9, 0), **facts)
+    if module._GLUON_IMPORT_ERROR:  # a Triton release the Gluon code was not verified with
+        assert backend == "triton" and reason
+        return
+    assert hasattr(module, "_gluon_producer_convert")
+    assert backend == "gluon", reason
+    assert module.select_decode_backend("auto", capability=(8, 0), **facts)[0] == "triton"
+    assert module.select_decode_backend("triton", capability=(9, 0), **facts)[0] == "triton"

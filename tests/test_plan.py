@@ -84,8 +84,8 @@ def test_pinned_tiles_over_the_shared_memory_budget_are_an_error(kernel):
 
 def test_fp8_cache_plan():
     """An fp8 cache: 1-byte stages (and, for warpgroup-MMA row blocks, one tile converted to the query's
-    dtype), runs of twice the blocks for the same fixed cost, and the portable kernel (the Gluon decode reads
-    16-bit caches), the reason in the plan."""
+    dtype), runs of twice the blocks for the same fixed cost; the Gluon decode takes it with its converting
+    producer (16-bit stages: the same shared memory as a 16-bit cache), and `mlagen show` says so."""
     bf16 = lower(spec()).decode
     fp8 = lower(spec(cache_dtype="float8_e4m3fn"))
     assert fp8.cache_dtype == "float8_e4m3fn" and fp8.cache_scaled and fp8.dtype == "bfloat16"
@@ -99,9 +99,12 @@ def test_fp8_cache_plan():
     for key, blocks in decode.min_blocks_per_part:  # half the bytes per block: about twice the blocks
         assert dict(bf16.min_blocks_per_part)[key] <= blocks <= 2 * dict(bf16.min_blocks_per_part)[key], key
     assert (dict(bf16.min_blocks_per_part)[(64, 64)], dict(decode.min_blocks_per_part)[(64, 64)]) == (5, 10)
-    assert bf16.gluon.eligible and not decode.gluon.eligible
-    assert decode.gluon.reason == "the cache is float8_e4m3fn: the Gluon decode reads 16-bit caches only"
-    assert fp8.summary()["decode"]["backend"] == f"triton (not gluon: {decode.gluon.reason})"
+    assert bf16.gluon.eligible and decode.gluon.eligible and not decode.gluon.reason
+    assert decode.gluon.convert_cache and not bf16.gluon.convert_cache
+    assert (decode.gluon.num_stages, decode.gluon.smem_bytes) == (bf16.gluon.num_stages, bf16.gluon.smem_bytes)
+    assert fp8.summary()["decode"]["backend"].startswith(
+        "gluon (float8_e4m3fn cache converted to bfloat16 in shared memory) on compute capability 9.x"
+    )
 
 
 def test_wide_latent_needs_eight_warps_for_64_rows():
