@@ -29,12 +29,14 @@ def test_a_later_call_reuses_the_launch_with_its_own_tensors(build_module, devic
     module = build_module(**SPEC)
     schedule = module.get_decode_schedule(2, 1, device, num_parts=3, min_blocks_per_part=1)
     for seed in range(3):  # new tensors (new addresses, new values) of one layout each time
-        decode_and_check(module, fresh_inputs(module, device, seed), schedule)
+        inputs = fresh_inputs(module, device, seed)
+        decode_and_check(module, inputs, schedule)
     assert len(schedule._launches) == 1
     (launches,) = schedule._launches.values()
+    workspace = schedule.workspace(inputs["q"].device)  # (keyed by the tensors' device: cuda:0, not cuda)
     for launch in launches:  # the template keeps no call's tensor alive
         call_tensors = [v for v in launch.values if isinstance(v, torch.Tensor)]
-        assert all(any(v is w for w in schedule.workspace(device)) for v in call_tensors)
+        assert all(any(v is w for w in workspace) for v in call_tensors)
 
 
 def test_another_layout_is_checked_and_prepared_again(build_module, device):
