@@ -30,6 +30,9 @@ class _CompileOnly:
     def __init__(self, kernel, compiled: list) -> None:
         self.kernel, self.compiled = kernel, compiled
 
+    def __getattr__(self, name: str):  # arg_names etc.: what the launchers read of a kernel
+        return getattr(self.kernel, name)
+
     def __getitem__(self, grid):
         def compile_only(*args, **kwargs):
             self.compiled.append(self.kernel.warmup(*args, grid=grid, **kwargs))
