@@ -1,7 +1,11 @@
 """Knobs of the Gluon decode on the H100 (dev tool): split-KV runs per SM, fewest blocks per run, ring
 stages; plus where the time goes (kernel durations from the profiler) for the default schedule.
 
-    python benchmarks/gluon_tune.py [--only NAME,...]
+    python benchmarks/gluon_tune.py [--only NAME,...] [--parts]
+
+--parts: instead, the run count against the merge mode: the default (SMs / row blocks), and k runs per
+sequence (k * B: runs end where sequences end when lengths are equal) for every k that keeps the
+programs within two waves.
 Every timed schedule is checked against the reference first; prints a table last.
 """
 
@@ -17,7 +21,17 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench_decode import Case, bytes_and_flops, check, make_inputs, median_ms, module_for, v3_spec  # noqa: E402
+from bench_decode import (  # noqa: E402
+    Case,
+    bytes_and_flops,
+    check,
+    lengths,
+    make_inputs,
+    median_ms,
+    module_for,
+    time_graph,
+    v3_spec,
+)
 
 CASES = [
     Case("H128 B128 Sq1", v3_spec(128), 128, [8192] * 128),
@@ -28,6 +42,9 @@ CASES = [
     Case("H64 B128 Sq1", v3_spec(64), 64, [8192] * 128),
     Case("H16 B64 S32768", v3_spec(16), 16, [32768] * 64),
     Case("Mistral H32 B128", "mistral-small-4", 32, [8192] * 128),
+    # lengths uniform in [S/2, 3S/2) (bench_decode's varlen rule): runs no longer end where sequences do
+    Case("H128 B32 varlen", v3_spec(128), 128, lengths(32, 8192, True, torch.Generator().manual_seed(7))),
+    Case("H16 B128 varlen", v3_spec(16), 16, lengths(128, 8192, True, torch.Generator().manual_seed(7))),
 ]
 
 
@@ -80,10 +97,54 @@ def tune_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tup
     return rows
 
 
+def parts_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tuple]:
+    """Runs per row block x merge mode, each checked, then timed (best of eager and graph replay)."""
+    module = module_for(case.spec, case.num_heads, tmp)
+    q, kv, table, lens, _ = make_inputs(module, case.seqlens, case.seqlen_q, gen)
+    batch, max_len = len(case.seqlens), max(case.seqlens)
+    nbytes, flops = bytes_and_flops(module, case.seqlens, case.seqlen_q)
+    base = module.get_decode_schedule(batch, case.seqlen_q, q.device, backend="gluon")
+    candidates = {base.num_parts}
+    for k in range(1, 9):
+        if k * batch * base.row_blocks <= 2 * sms:
+            candidates.add(k * batch)
+    rows = []
+    for parts in sorted(candidates):
+        for merge in ("fused", "kernel"):
+            schedule = module.get_decode_schedule(
+                batch, case.seqlen_q, q.device, backend="gluon", num_parts=parts, merge=merge
+            )
+
+            def call(schedule=schedule):
+                return module.mla_decode(q, kv, table, lens, schedule=schedule, return_lse=True)
+
+            out, lse = call()
+            _, _, msg = check(module, q, kv, table, lens, out, lse, max_len)
+            us = min(median_ms(call, rep=100), time_graph(call)) * 1e3
+            row = (
+                case.name,
+                parts,
+                merge,
+                parts * base.row_blocks,
+                us,
+                nbytes / us / 1e3,
+                flops / us / 1e6,
+                msg or "ok",
+                "default" if parts == base.num_parts else "",
+            )
+            rows.append(row)
+            print(f"  {case.name} p{parts} {merge}: {us:.1f} us {row[5]:.0f} GB/s {row[6]:.0f} TFLOP/s {row[7]} "
+                  f"{row[8]}", flush=True)  # fmt: skip
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
+    parser.add_argument("--parts", action="store_true", help="sweep run counts x merge modes instead")
     args = parser.parse_args()
+    if args.parts:
+        return main_parts(args)
     gen = torch.Generator().manual_seed(0)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows_out = []
@@ -97,6 +158,24 @@ def main() -> int:
     print("|---|---|---|---|---|---|---|---|")
     for name, parts, min_blocks, stages, us, gbps, tflops, msg in rows_out:
         print(f"| {name} | {parts} | {min_blocks} | {stages} | {us:.1f} | {gbps:.0f} | {tflops:.0f} | {msg} |")
+    return 0
+
+
+def main_parts(args) -> int:
+    gen = torch.Generator().manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows_out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in CASES:
+            if args.only and not any(part in case.name for part in args.only.split(",")):
+                continue
+            rows_out += parts_case(case, Path(tmp), gen, sms)
+            torch.cuda.empty_cache()
+    print(f"\n{torch.cuda.get_device_name()}, best of eager and graph replay, medians")
+    print("| case | runs per row block | merge | programs | us | GB/s | TFLOP/s | check | |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, parts, merge, programs, us, gbps, tflops, msg, note in rows_out:
+        print(f"| {name} | {parts} | {merge} | {programs} | {us:.1f} | {gbps:.0f} | {tflops:.0f} | {msg} | {note} |")
     return 0
 
 

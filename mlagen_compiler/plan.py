@@ -222,7 +222,8 @@ class DecodePlan:
     Rows of a program are (query token, head) pairs, Sq folded into the head dimension, so one program
     serves up to ``max_block_m`` rows and its dots are tensor-core sized. Split-KV: the cache blocks of
     the whole batch are cut into ``num_parts`` equal runs (one program per run and row block), computed on
-    the device from ``cache_seqlens``; ``num_parts = max(1, sm_count * parts_per_sm // row_blocks)``.
+    the device from ``cache_seqlens``; ``num_parts = max(1, sm_count * parts_per_sm // row_blocks)``, or on
+    the Gluon backend k runs per sequence where that fills the SMs (launch_policy.decode_num_parts).
 
     A run has a fixed cost: loading block_m query rows of Dc+Dr and writing block_m fp32 partial rows of
     Dc that the combine kernel reads back. ``min_blocks_per_part[(block_m, block_n)]`` keeps every run at

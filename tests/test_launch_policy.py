@@ -81,6 +81,37 @@ def test_split_runs():
             lp.decode_num_parts(bad, sm_count=132, parts_per_sm=2, row_blocks=2)
 
 
+@pytest.mark.parametrize(
+    "batch, row_blocks, expected",
+    [
+        (128, 1, 128),  # one run per sequence fills 128 of 132 SMs: no split
+        (64, 1, 128),  # two runs per sequence
+        (32, 2, 64),  # two row blocks: 2 runs x 32 sequences x 2 = 128 programs
+        (128, 2, 128),  # two waves of whole sequences (256 of 264 slots)
+        (128, 4, 128),  # four waves (512 of 528)
+        (90, 1, 132),  # one run per sequence would leave 42 SMs idle: the balanced count
+        (73, 2, 66),  # 146 programs: a second wave nearly empty
+        (1, 1, 132),  # 132 runs of one sequence either way
+        (2, 2, 66),
+    ],
+)
+def test_split_runs_aligned_with_sequences(batch, row_blocks, expected):
+    got = lp.decode_num_parts(
+        None, sm_count=132, parts_per_sm=1, row_blocks=row_blocks, batch_size=batch, align_runs=True
+    )
+    assert got == expected
+    programs = got * row_blocks
+    waves = lp.cdiv(programs, 132)
+    if got % batch == 0:  # aligned: the slots are busy enough
+        assert programs / (waves * 132) >= lp.ALIGNED_RUNS_MIN_OCCUPANCY
+    # the caller's count and align_runs=False keep their meaning
+    assert lp.decode_num_parts(7, sm_count=132, parts_per_sm=1, row_blocks=row_blocks, batch_size=batch,
+                               align_runs=True) == 7  # fmt: skip
+    assert lp.decode_num_parts(None, sm_count=132, parts_per_sm=1, row_blocks=row_blocks, batch_size=batch) == max(
+        1, 132 // row_blocks
+    )
+
+
 def test_fewest_blocks_per_run():
     table = {(64, 64): 5, (16, 32): 3}
     common = dict(small_block_m=16, cost_table=table)
