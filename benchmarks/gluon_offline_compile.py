@@ -42,10 +42,8 @@ class _OfflineHopperDriver:
         return torch.device("cpu")
 
 
-def compile_offline(
-    module_path: str, seqlen_q: int = 1, gather: bool = False, fused_merge: bool = True, seesaw: bool = False
-) -> dict:
-    """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind, schedule); returns ptxas' numbers."""
+def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, fused_merge: bool = True) -> dict:
+    """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.runtime.driver import driver
 
     os.environ.pop("TRITON_INTERPRET", None)
@@ -113,13 +111,12 @@ def compile_offline(
         MERGE_FANIN=module.DECODE_MERGE_FANIN,
         MERGE_LEVELS=module.DECODE_MERGE_LEVELS,
         MERGE_BLOCK_C=module.DECODE_MERGE_BLOCK_C,
-        CONSUMER_REGS=module.DECODE_GLUON_SEESAW_REGS if seesaw else module.DECODE_GLUON_CONSUMER_REGS,
+        CONSUMER_REGS=module.DECODE_GLUON_CONSUMER_REGS,
         PRODUCER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
         GATHER_REGS=module.DECODE_GLUON_GATHER_REGS,
         LN2=0.6931471805599453,
         SCALED=scaled,
         CONVERT_REGS=module.DECODE_GLUON_CONVERT_REGS,
-        SEESAW=seesaw,
         num_warps=4,
         grid=(1,),
     )
@@ -148,9 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gather", action="store_true", help="the gathering producer (pages < 64)")
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
     parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
-    parser.add_argument("--seesaw", action="store_true", help="the seesaw schedule of the computing warpgroups")
     args = parser.parse_args(argv)
-    result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel, args.seesaw)
+    result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel)
     kernel = result.pop("kernel")
     print(result)
     if args.dump:

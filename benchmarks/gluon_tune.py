@@ -97,64 +97,51 @@ def tune_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tup
     return rows
 
 
-def parts_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, args) -> list[tuple]:
-    """Runs per row block x merge mode x warpgroup schedule, each checked, then timed (best of eager and
-    graph replay). Run counts: the default, the balanced one (SMs / row blocks) and, with --all-parts, k
-    runs per sequence for every k that keeps the programs within two waves."""
+def parts_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tuple]:
+    """Runs per row block x merge mode, each checked, then timed (best of eager and graph replay)."""
     module = module_for(case.spec, case.num_heads, tmp)
     q, kv, table, lens, _ = make_inputs(module, case.seqlens, case.seqlen_q, gen)
     batch, max_len = len(case.seqlens), max(case.seqlens)
     nbytes, flops = bytes_and_flops(module, case.seqlens, case.seqlen_q)
     base = module.get_decode_schedule(batch, case.seqlen_q, q.device, backend="gluon")
-    candidates = {base.num_parts, max(1, sms // base.row_blocks)}
-    if args.all_parts:
-        for k in range(1, 9):
-            if k * batch * base.row_blocks <= 2 * sms:
-                candidates.add(k * batch)
+    candidates = {base.num_parts}
+    for k in range(1, 9):
+        if k * batch * base.row_blocks <= 2 * sms:
+            candidates.add(k * batch)
     rows = []
     for parts in sorted(candidates):
-        for merge in args.merges.split(","):
-            for variant in args.schedules.split(","):
-                schedule = module.get_decode_schedule(
-                    batch,
-                    case.seqlen_q,
-                    q.device,
-                    backend="gluon",
-                    num_parts=parts,
-                    merge=merge,
-                    gluon_schedule=variant,
-                )
+        for merge in ("fused", "kernel"):
+            schedule = module.get_decode_schedule(
+                batch, case.seqlen_q, q.device, backend="gluon", num_parts=parts, merge=merge
+            )
 
-                def call(schedule=schedule):
-                    return module.mla_decode(q, kv, table, lens, schedule=schedule, return_lse=True)
+            def call(schedule=schedule):
+                return module.mla_decode(q, kv, table, lens, schedule=schedule, return_lse=True)
 
-                out, lse = call()
-                _, _, msg = check(module, q, kv, table, lens, out, lse, max_len)
-                us = min(median_ms(call, rep=100), time_graph(call)) * 1e3
-                row = (
-                    case.name,
-                    parts,
-                    schedule.merge,
-                    schedule.gluon_schedule,
-                    parts * base.row_blocks,
-                    us,
-                    nbytes / us / 1e3,
-                    flops / us / 1e6,
-                    msg or "ok",
-                    "default" if parts == base.num_parts else "",
-                )
-                rows.append(row)
-                print("  " + " | ".join(str(v) for v in row), flush=True)
+            out, lse = call()
+            _, _, msg = check(module, q, kv, table, lens, out, lse, max_len)
+            us = min(median_ms(call, rep=100), time_graph(call)) * 1e3
+            row = (
+                case.name,
+                parts,
+                merge,
+                parts * base.row_blocks,
+                us,
+                nbytes / us / 1e3,
+                flops / us / 1e6,
+                msg or "ok",
+                "default" if parts == base.num_parts else "",
+            )
+            rows.append(row)
+            print(f"  {case.name} p{parts} {merge}: {us:.1f} us {row[5]:.0f} GB/s {row[6]:.0f} TFLOP/s {row[7]} "
+                  f"{row[8]}", flush=True)  # fmt: skip
     return rows
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
-    parser.add_argument("--parts", action="store_true", help="sweep run counts x merges x schedules instead")
-    parser.add_argument("--all-parts", action="store_true", help="with --parts: every aligned run count too")
-    parser.add_argument("--merges", default="auto", help="with --parts: merge modes (auto,fused,kernel)")
-    parser.add_argument("--schedules", default="relay,seesaw", help="with --parts: Gluon warpgroup schedules")
+    parser.add_argument("--parts", action="store_true", help="sweep run counts x merge modes instead")
     args = parser.parse_args()
     if args.parts:
         return main_parts(args)
@@ -182,14 +169,13 @@ def main_parts(args) -> int:
         for case in CASES:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            rows_out += parts_case(case, Path(tmp), gen, sms, args)
+            rows_out += parts_case(case, Path(tmp), gen, sms)
             torch.cuda.empty_cache()
     print(f"\n{torch.cuda.get_device_name()}, best of eager and graph replay, medians")
-    print("| case | runs per row block | merge | schedule | programs | us | GB/s | TFLOP/s | check | |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    for name, parts, merge, variant, programs, us, gbps, tflops, msg, note in rows_out:
-        print(f"| {name} | {parts} | {merge} | {variant} | {programs} | {us:.1f} | {gbps:.0f} | {tflops:.0f} | {msg} "
-              f"| {note} |")  # fmt: skip
+    print("| case | runs per row block | merge | programs | us | GB/s | TFLOP/s | check | |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, parts, merge, programs, us, gbps, tflops, msg, note in rows_out:
+        print(f"| {name} | {parts} | {merge} | {programs} | {us:.1f} | {gbps:.0f} | {tflops:.0f} | {msg} | {note} |")
     return 0
 
 

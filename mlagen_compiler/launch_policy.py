@@ -95,28 +95,6 @@ def decode_merge(requested, *, backend, batch_size, num_parts, name="merge"):
     return requested
 
 
-#: schedules of the Gluon decode's two computing warpgroups: "relay" (the first computes Q K^T, the softmax
-#: and P V over half the columns, the second P V over the other half) or "seesaw" (alternate blocks' Q K^T
-#: and softmax each, P V over its own half of every block)
-GLUON_SCHEDULES = ("relay", "seesaw")
-
-
-def decode_gluon_schedule(requested, *, seesaw_eligible, name="gluon_schedule"):
-    """The Gluon decode's schedule: as requested (MLAGEN_GLUON_SCHEDULE or get_decode_schedule's
-    gluon_schedule=, named by `name` in errors), "auto" the seesaw where the plan allows it."""
-    if requested not in ("auto",) + GLUON_SCHEDULES:
-        raise _policy_error(name, f"expected auto, relay or seesaw, got {requested!r}")
-    if requested == "seesaw" and not seesaw_eligible:
-        raise _policy_error(
-            name,
-            "'seesaw' needs the rope width Dr equal to the 64-position block (P is kept in "
-            "the rope columns of its stage)",
-        )
-    if requested == "auto":
-        return "seesaw" if seesaw_eligible else "relay"
-    return requested
-
-
 def decode_bucket(block_m, small=False):
     """The key that tuned decode configurations are recorded under (small: the latency regime)."""
     return f"m{block_m}-small" if small else f"m{block_m}"

@@ -166,11 +166,6 @@ class GluonDecodePlan:
     parts_per_sm: int
     min_blocks_per_part: int
     verified_triton: tuple[tuple[int, int], ...]
-    #: the seesaw schedule (launch_policy.decode_gluon_schedule): the two warpgroups take alternate blocks' Q K^T
-    #: and softmax, and each block's P goes to the rope slot of its stage, which needs Dr = block_n; its
-    #: second warpgroup's registers (both hold a score tile and an output half)
-    seesaw: bool = False
-    seesaw_regs: int = 232
 
 
 def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int) -> int:
@@ -217,8 +212,6 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,
-        seesaw=dr == block_n == block_m,
-        seesaw_regs=232,
     )
 
 

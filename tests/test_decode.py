@@ -7,7 +7,6 @@ dequantised fp8 cache, so both are held to the same tolerances (see test_fp8.py 
 unquantised latent).
 """
 
-import itertools
 from unittest.mock import patch
 
 import pytest
@@ -26,8 +25,6 @@ from mlagen_compiler.verify import (
 )
 
 BACKENDS = ["triton", "gluon"]
-#: the Gluon kernel's warpgroup schedules a GPU test runs ("auto": the seesaw where the geometry allows it)
-GLUON_SCHEDULES = {"triton": ["auto"], "gluon": ["auto", "relay"]}
 
 GEOMETRIES = [  # (H, Dc, Dr): DeepSeek-like, Mistral-Small-4-like, MiniCPM3-like, odd widths
     (16, 512, 64),
@@ -81,10 +78,7 @@ def decode_problems(draw, geometries=tuple(GEOMETRIES), cache_dtypes=tuple(CACHE
     # unused cache slots (page tails, unused pages) hold NaN, as uninitialised memory may
     nan_unused = draw(st.booleans())
     seed = draw(st.integers(0, 2**32 - 1))
-    # the Gluon kernel's warpgroup schedule: the seesaw where the geometry allows it, or the relay
-    gluon_schedule = draw(st.sampled_from(["auto", "relay"]))
     return dict(
-        gluon_schedule=gluon_schedule,
         heads=heads,
         dc=dc,
         dr=dr,
@@ -130,7 +124,6 @@ def check_decode(module, device, problem, backend, calls=1):
         min_blocks_per_part=problem["min_blocks"],
         backend=backend,
         merge=problem.get("merge", "fused"),
-        gluon_schedule=problem.get("gluon_schedule", "auto"),
     )
     assert schedule.backend == backend, schedule.backend_reason
     want, want_lse = decode_reference(module, inputs)
@@ -172,9 +165,8 @@ def test_decode_every_page_size(build_module, device, backend, page_size, cache_
         pytest.skip("GPU only: the interpreter runs the property test's draws instead")
     require_backend(build_module, device, backend)
     p = page_size
-    for seqlen_q, gluon_schedule in itertools.product((1, 2, 3, 4), GLUON_SCHEDULES[backend]):
+    for seqlen_q in (1, 2, 3, 4):
         problem = dict(
-            gluon_schedule=gluon_schedule,
             heads=16,
             dc=512,
             dr=64,
@@ -216,8 +208,7 @@ def test_fused_merge_trees(build_module, device, backend, fanin):
         nan_unused=True,
     )
     with patch.object(module, "DECODE_MERGE_FANIN", fanin):
-        for gluon_schedule in GLUON_SCHEDULES[backend]:
-            check_decode(module, device, {**problem, "gluon_schedule": gluon_schedule}, backend, calls=2)
+        check_decode(module, device, problem, backend, calls=2)
 
 
 def test_default_call_and_softmax_scale(build_module, device):
