@@ -54,34 +54,60 @@ def ws_entry_kernel(out, x, N: gl.constexpr):
     gl.warp_specialize([(_ws_entry_default, (out, x, N)), (_ws_entry_worker, (out, x, N))], [4], [96])
 
 
+#: the decode's score layout: a row vector of it is held by the 4 threads of a quad (redundant stores)
+_S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+
+OK, NOWAIT, NOSYNC = 0, 1, 2  # handoff modes: waits and arrives; arrives only; neither
+
+
 @gluon.jit
-def _handoff_producer(buf, ready, free, ITERS: gl.constexpr, N: gl.constexpr, WAIT: gl.constexpr):
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+def _handoff_producer(
+    out, buf, ready, free, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, DECODE_LIKE: gl.constexpr
+):
+    if DECODE_LIKE:
+        layout: gl.constexpr = gl.SliceLayout(1, _S_LAYOUT)
+    else:
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     offs = gl.arange(0, N, layout)
+    base = offs + gl.program_id(0)
+    busy = offs.to(gl.float32)
     for i in range(ITERS):
-        if WAIT:
+        if DECODE_LIKE:
+            # some dependent arithmetic between handoffs, as the softmax step has
+            for _ in range(32):
+                busy = busy * 0.999 + 1.0
+        if MODE == 0:
             mbarrier.wait(free, (i & 1) ^ 1)
-        buf.store((offs + 1000 * i).to(gl.float32))
-        fence_async_shared()  # as the decode does before its arrive (not needed for a generic-proxy reader)
-        mbarrier.arrive(ready)
+        buf.store((base + 1000 * i).to(gl.float32))
+        if MODE != 2:
+            fence_async_shared()  # as the decode does before its arrive (not needed for a generic-proxy reader)
+            mbarrier.arrive(ready)
+    if DECODE_LIKE:  # keeps the busy work
+        gl.store(out + (gl.num_programs(0) + gl.program_id(0)) * N + offs, busy)
 
 
 @gluon.jit
-def _handoff_consumer(out, buf, ready, free, ITERS: gl.constexpr, N: gl.constexpr, WAIT: gl.constexpr):
+def _handoff_consumer(
+    out, buf, ready, free, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, DECODE_LIKE: gl.constexpr
+):
     # thread t of this partition (CTA thread 128 + t) reads what thread t of the producer stored
-    layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    if DECODE_LIKE:
+        layout: gl.constexpr = gl.SliceLayout(1, _S_LAYOUT)
+    else:
+        layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     acc = gl.zeros([N], gl.float32, layout)
     for i in range(ITERS):
-        if WAIT:
+        if MODE == 0:
             mbarrier.wait(ready, i & 1)
         acc += buf.load(layout)
-        mbarrier.arrive(free)
+        if MODE != 2:
+            mbarrier.arrive(free)
     offs = gl.arange(0, N, layout)
-    gl.store(out + offs, acc)
+    gl.store(out + gl.program_id(0) * N + offs, acc)
 
 
 @gluon.jit
-def _handoff_kernel(out, ITERS: gl.constexpr, N: gl.constexpr, WAIT: gl.constexpr):
+def _handoff_kernel(out, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, DECODE_LIKE: gl.constexpr):
     buf = gl.allocate_shared_memory(gl.float32, [N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -89,8 +115,8 @@ def _handoff_kernel(out, ITERS: gl.constexpr, N: gl.constexpr, WAIT: gl.constexp
     mbarrier.init(free, count=1)
     gl.warp_specialize(
         [
-            (_handoff_producer, (buf, ready, free, ITERS, N, WAIT)),
-            (_handoff_consumer, (out, buf, ready, free, ITERS, N, WAIT)),
+            (_handoff_producer, (out, buf, ready, free, ITERS, N, MODE, DECODE_LIKE)),
+            (_handoff_consumer, (out, buf, ready, free, ITERS, N, MODE, DECODE_LIKE)),
         ],
         [4],
         [96],
@@ -100,34 +126,59 @@ def _handoff_kernel(out, ITERS: gl.constexpr, N: gl.constexpr, WAIT: gl.constexp
 # one jit function per control, so racecheck names each in its report
 @gluon.jit
 def handoff_ok_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
-    _handoff_kernel(out, ITERS, N, True)
+    _handoff_kernel(out, ITERS, N, 0, False)
 
 
 @gluon.jit
 def handoff_once_kernel(out, N: gl.constexpr):
-    _handoff_kernel(out, 1, N, True)
+    _handoff_kernel(out, 1, N, 0, False)
 
 
 @gluon.jit
 def handoff_nowait_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
-    _handoff_kernel(out, ITERS, N, False)
+    _handoff_kernel(out, ITERS, N, 1, False)
 
 
-def _expected(iters: int) -> torch.Tensor:
-    offs = torch.arange(N, dtype=torch.float32)
-    return sum(offs + 1000 * i for i in range(iters))
+@gluon.jit
+def handoff_nosync_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
+    _handoff_kernel(out, ITERS, N, 2, False)
 
 
-#: name: (launch(out), expected result or None)
+@gluon.jit
+def decode_like_ok_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
+    _handoff_kernel(out, ITERS, N, 0, True)
+
+
+@gluon.jit
+def decode_like_nowait_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
+    _handoff_kernel(out, ITERS, N, 1, True)
+
+
+def _expected(iters: int, n: int = N, programs: int = 1) -> torch.Tensor:
+    offs = torch.arange(n, dtype=torch.float32)
+    return torch.cat([sum(offs + p + 1000 * i for i in range(iters)) for p in range(programs)])
+
+
+DL_ITERS, DL_N, DL_PROGRAMS = 64, 64, 132  # decode-like: BLOCK_M rows, a block per iteration, an SM each
+
+#: name: (kernel, grid, ITERS or None, N, expected result or None (a racing kernel))
 CONTROLS = {
-    "ws_entry": (
-        lambda out: ws_entry_kernel[(1,)](out, 5.0, N, num_warps=4),
-        torch.cat([torch.arange(N, dtype=torch.float32) + 5, torch.arange(N, dtype=torch.float32) - 5]),
-    ),
-    "handoff_ok": (lambda out: handoff_ok_kernel[(1,)](out, ITERS, N, num_warps=4), _expected(ITERS)),
-    "handoff_once": (lambda out: handoff_once_kernel[(1,)](out, N, num_warps=4), _expected(1)),
-    "handoff_nowait": (lambda out: handoff_nowait_kernel[(1,)](out, ITERS, N, num_warps=4), None),
+    "ws_entry": (ws_entry_kernel, 1, None, N, None),
+    "handoff_ok": (handoff_ok_kernel, 1, ITERS, N, _expected(ITERS)),
+    "handoff_once": (handoff_once_kernel, 1, None, N, _expected(1)),
+    "handoff_nowait": (handoff_nowait_kernel, 1, ITERS, N, None),
+    "handoff_nosync": (handoff_nosync_kernel, 1, ITERS, N, None),
+    "decode_like_ok": (decode_like_ok_kernel, DL_PROGRAMS, DL_ITERS, DL_N, _expected(DL_ITERS, DL_N, DL_PROGRAMS)),
+    "decode_like_nowait": (decode_like_nowait_kernel, DL_PROGRAMS, DL_ITERS, DL_N, None),
 }
+
+
+def _launch(name: str, out: torch.Tensor, warmup: bool = False):
+    kernel, grid, iters, n, _ = CONTROLS[name]
+    args = (out, 5.0, n) if name == "ws_entry" else (out, n) if iters is None else (out, iters, n)
+    if warmup:
+        return kernel.warmup(*args, num_warps=4, grid=(grid,))
+    return kernel[(grid,)](*args, num_warps=4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,36 +195,25 @@ def main(argv: list[str] | None = None) -> int:
         os.makedirs(args.ptx, exist_ok=True)
     failed = 0
     for name in args.names:
-        launch, expected = CONTROLS[name]
+        _, grid, _, n, expected = CONTROLS[name]
+        if name == "ws_entry":
+            expected = torch.cat([torch.arange(n, dtype=torch.float32) + 5, torch.arange(n, dtype=torch.float32) - 5])
         if args.ptx:
-            out = torch.empty(2 * N, dtype=torch.float32)
-            compiled = _warmup(name, out)
+            compiled = _launch(name, torch.empty(2 * grid * n, dtype=torch.float32), warmup=True)
             with open(os.path.join(args.ptx, f"{name}.ptx"), "w") as handle:
                 handle.write(compiled.asm["ptx"])
             print(f"{name}: ptx written")
             continue
-        out = torch.full((2 * N,), float("nan"), dtype=torch.float32, device="cuda")
-        launch(out)
+        out = torch.full((2 * grid * n,), float("nan"), dtype=torch.float32, device="cuda")
+        _launch(name, out)
         torch.cuda.synchronize()
-        got = out.cpu()[: len(expected) if expected is not None else N]
         if expected is None:
             print(f"control {name}: ran (a racing kernel: result not checked)")
         else:
-            ok = torch.equal(got, expected)
+            ok = torch.equal(out.cpu()[: len(expected)], expected)
             failed += not ok
             print(f"control {name}: {'PASS' if ok else 'FAIL'}")
     return 1 if failed else 0
-
-
-def _warmup(name: str, out: torch.Tensor):
-    """Compile one control without launching it (offline PTX)."""
-    grid = (1,)
-    if name == "ws_entry":
-        return ws_entry_kernel.warmup(out, 5.0, N, num_warps=4, grid=grid)
-    if name in ("handoff_ok", "handoff_nowait"):
-        fn = handoff_ok_kernel if name == "handoff_ok" else handoff_nowait_kernel
-        return fn.warmup(out, ITERS, N, num_warps=4, grid=grid)
-    return handoff_once_kernel.warmup(out, N, num_warps=4, grid=grid)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ cs=${COMPUTE_SANITIZER:-$(command -v compute-sanitizer || ls -d /usr/local/cuda*
 [ -x "$cs" ] || { echo "compute-sanitizer not found (set COMPUTE_SANITIZER)"; exit 2; }
 filter=()
 if [ -n "${SANITIZE_KERNEL:-}" ]; then
-  if "$cs" --help 2>&1 | grep -q -- '--kernel-name'; then
+  help=$("$cs" --help 2>&1)  # (not piped into grep -q: under pipefail its early exit fails the pipe)
+  if [[ $help == *--kernel-name* ]]; then
     filter=(--kernel-name "kns=$SANITIZE_KERNEL")
   else
     filter=(--filter "kns=$SANITIZE_KERNEL")
