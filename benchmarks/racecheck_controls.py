@@ -12,7 +12,14 @@ racecheck's verdict on it can be compared with its verdict on a handoff that rea
     handoff_ok      ready/free ring of one buffer, ITERS rounds, all 128 threads store and load (the
                     decode's alpha_smem / l_smem protocol): correct
     handoff_once    one round (no reuse), all threads store: correct
-    handoff_nowait  handoff_ok without any wait: a real race (the control that the tool reports races)
+    handoff_nowait  handoff_ok without any wait: a real race
+    handoff_nosync  neither waits nor arrives: a real race
+    decode_like_ok  handoff_ok as the decode does it: the vector in the row layout of the warpgroup MMA
+                    result (each value stored by the 4 threads of a quad), dependent arithmetic between
+                    rounds, 64 rounds, 132 programs: correct
+    decode_like_nowait  decode_like_ok without waits: a real race
+    quad_ok, busy_ok    decode_like_ok's row layout alone (1 program, 8 rounds), its rounds and programs
+                    alone (one writer per value): correct
 
 Each kernel checks its own result, so a run shows that the correct ones compute the right values.
 
@@ -58,13 +65,17 @@ def ws_entry_kernel(out, x, N: gl.constexpr):
 _S_LAYOUT = gl.constexpr(gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
 
 OK, NOWAIT, NOSYNC = 0, 1, 2  # handoff modes: waits and arrives; arrives only; neither
+#: what of the decode a handoff copies (bits): the row layout of its scores (each value held and stored by
+#: the 4 threads of a quad), dependent arithmetic between handoffs
+QUAD: gl.constexpr = gl.constexpr(1)
+BUSY: gl.constexpr = gl.constexpr(2)
 
 
 @gluon.jit
 def _handoff_producer(
-    out, buf, ready, free, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, DECODE_LIKE: gl.constexpr
+    out, buf, ready, free, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, LIKE: gl.constexpr
 ):
-    if DECODE_LIKE:
+    if LIKE & QUAD:
         layout: gl.constexpr = gl.SliceLayout(1, _S_LAYOUT)
     else:
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -72,7 +83,7 @@ def _handoff_producer(
     base = offs + gl.program_id(0)
     busy = offs.to(gl.float32)
     for i in range(ITERS):
-        if DECODE_LIKE:
+        if LIKE & BUSY:
             # some dependent arithmetic between handoffs, as the softmax step has
             for _ in range(32):
                 busy = busy * 0.999 + 1.0
@@ -82,16 +93,16 @@ def _handoff_producer(
         if MODE != 2:
             fence_async_shared()  # as the decode does before its arrive (not needed for a generic-proxy reader)
             mbarrier.arrive(ready)
-    if DECODE_LIKE:  # keeps the busy work
+    if LIKE & BUSY:  # keeps the busy work
         gl.store(out + (gl.num_programs(0) + gl.program_id(0)) * N + offs, busy)
 
 
 @gluon.jit
 def _handoff_consumer(
-    out, buf, ready, free, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, DECODE_LIKE: gl.constexpr
+    out, buf, ready, free, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, LIKE: gl.constexpr
 ):
     # thread t of this partition (CTA thread 128 + t) reads what thread t of the producer stored
-    if DECODE_LIKE:
+    if LIKE & QUAD:
         layout: gl.constexpr = gl.SliceLayout(1, _S_LAYOUT)
     else:
         layout: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
@@ -107,7 +118,7 @@ def _handoff_consumer(
 
 
 @gluon.jit
-def _handoff_kernel(out, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, DECODE_LIKE: gl.constexpr):
+def _handoff_kernel(out, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexpr, LIKE: gl.constexpr):
     buf = gl.allocate_shared_memory(gl.float32, [N], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     free = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -115,8 +126,8 @@ def _handoff_kernel(out, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexp
     mbarrier.init(free, count=1)
     gl.warp_specialize(
         [
-            (_handoff_producer, (out, buf, ready, free, ITERS, N, MODE, DECODE_LIKE)),
-            (_handoff_consumer, (out, buf, ready, free, ITERS, N, MODE, DECODE_LIKE)),
+            (_handoff_producer, (out, buf, ready, free, ITERS, N, MODE, LIKE)),
+            (_handoff_consumer, (out, buf, ready, free, ITERS, N, MODE, LIKE)),
         ],
         [4],
         [96],
@@ -126,32 +137,42 @@ def _handoff_kernel(out, ITERS: gl.constexpr, N: gl.constexpr, MODE: gl.constexp
 # one jit function per control, so racecheck names each in its report
 @gluon.jit
 def handoff_ok_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
-    _handoff_kernel(out, ITERS, N, 0, False)
+    _handoff_kernel(out, ITERS, N, 0, 0)
 
 
 @gluon.jit
 def handoff_once_kernel(out, N: gl.constexpr):
-    _handoff_kernel(out, 1, N, 0, False)
+    _handoff_kernel(out, 1, N, 0, 0)
 
 
 @gluon.jit
 def handoff_nowait_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
-    _handoff_kernel(out, ITERS, N, 1, False)
+    _handoff_kernel(out, ITERS, N, 1, 0)
 
 
 @gluon.jit
 def handoff_nosync_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
-    _handoff_kernel(out, ITERS, N, 2, False)
+    _handoff_kernel(out, ITERS, N, 2, 0)
 
 
 @gluon.jit
 def decode_like_ok_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
-    _handoff_kernel(out, ITERS, N, 0, True)
+    _handoff_kernel(out, ITERS, N, 0, 3)
 
 
 @gluon.jit
 def decode_like_nowait_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
-    _handoff_kernel(out, ITERS, N, 1, True)
+    _handoff_kernel(out, ITERS, N, 1, 3)
+
+
+@gluon.jit
+def quad_ok_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
+    _handoff_kernel(out, ITERS, N, 0, 1)
+
+
+@gluon.jit
+def busy_ok_kernel(out, ITERS: gl.constexpr, N: gl.constexpr):
+    _handoff_kernel(out, ITERS, N, 0, 2)
 
 
 def _expected(iters: int, n: int = N, programs: int = 1) -> torch.Tensor:
@@ -170,6 +191,9 @@ CONTROLS = {
     "handoff_nosync": (handoff_nosync_kernel, 1, ITERS, N, None),
     "decode_like_ok": (decode_like_ok_kernel, DL_PROGRAMS, DL_ITERS, DL_N, _expected(DL_ITERS, DL_N, DL_PROGRAMS)),
     "decode_like_nowait": (decode_like_nowait_kernel, DL_PROGRAMS, DL_ITERS, DL_N, None),
+    # which part of decode_like_ok racecheck reports: the quad layout alone, or the busy rounds and programs alone
+    "quad_ok": (quad_ok_kernel, 1, ITERS, DL_N, _expected(ITERS, DL_N)),
+    "busy_ok": (busy_ok_kernel, DL_PROGRAMS, DL_ITERS, N, _expected(DL_ITERS, N, DL_PROGRAMS)),
 }
 
 
