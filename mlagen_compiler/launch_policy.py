@@ -116,31 +116,30 @@ def decode_row_block(block_m, rows, batch_size, *, min_block_m, max_block_m, sma
     return block_m, small
 
 
-#: aligned runs (decode_num_parts) are taken where they keep at least this share of the waves' program slots
+#: aligned runs (decode_num_parts) are taken where they keep at least this share of a wave's program slots
 ALIGNED_RUNS_MIN_OCCUPANCY = 0.9
 
 
 def decode_num_parts(num_parts, *, sm_count, parts_per_sm, row_blocks, batch_size=None, align_runs=False):
     """Split-KV runs: the caller's, else parts_per_sm programs per SM over the row blocks; checked.
 
-    align_runs (with batch_size): k runs per sequence instead, k * batch_size runs for the largest k that
-    fits one wave of programs (k = 1, no split, where the batch alone fills a wave or more), where that
-    keeps at least ALIGNED_RUNS_MIN_OCCUPANCY of the waves' program slots busy. The runs split the
-    batch's blocks equally, so with equal lengths each run is one piece of one sequence: no run pays
-    for a second query tile and partial result, and no sequence is split at all when k = 1. Measured
+    align_runs (with batch_size): k runs per sequence instead, k * batch_size runs for the largest k whose
+    programs fit one wave, where they keep at least ALIGNED_RUNS_MIN_OCCUPANCY of its slots busy. The
+    runs split the batch's blocks equally, so with equal lengths each run is one piece of one sequence:
+    no run pays for a second query tile and partial result, and no sequence is split when k = 1. Measured
     on the H100 (Gluon, bf16, S=8192, 2026-11-23; gluon_tune.py --parts), aligned against balanced
-    (SMs / row blocks): H16 B128 411 against 439-446 us, H64 B128 420 / 475, Mistral-Small-4 H32 B128
-    235 / 256, H16 B64 S32768 812 / 825-842 (k = 2), H128 B32 152 / 175-180 (k = 2), H128 B128 549 / 560
-    (k = 1, two waves); lengths uniform in [S/2, 3S/2): H16 B128 455 / 455, H128 B32 177 / 175.
+    (SMs / row blocks): H16 B128 411-413 against 439-446 us, H64 B128 420 / 475, Mistral-Small-4 H32
+    B128 234-235 / 256, H16 B64 S32768 812-814 / 825-842 (k = 2), H128 B32 152 / 175-181 (k = 2); lengths
+    uniform in [S/2, 3S/2): H16 B128 455-465 / 455-464, H128 B32 177-186 / 175-184. Batches of more than a
+    wave keep the balanced count: whole sequences over two or four waves measured 539-564 against 556-561
+    us (H128 B128) and 1064 against 1031 (H128 B128 Sq2).
     """
     if num_parts is None:
         slots = sm_count * parts_per_sm
         num_parts = max(1, slots // row_blocks)
         if align_runs and batch_size:
-            per_sequence = max(1, slots // (batch_size * row_blocks))
-            programs = per_sequence * batch_size * row_blocks
-            occupancy = programs / (cdiv(programs, slots) * slots)
-            if occupancy >= ALIGNED_RUNS_MIN_OCCUPANCY and per_sequence * batch_size <= MAX_NUM_PARTS:
+            per_sequence = slots // (batch_size * row_blocks)
+            if per_sequence >= 1 and per_sequence * batch_size * row_blocks >= ALIGNED_RUNS_MIN_OCCUPANCY * slots:
                 num_parts = per_sequence * batch_size
     if not (isinstance(num_parts, int) and not isinstance(num_parts, bool) and 1 <= num_parts <= MAX_NUM_PARTS):
         raise _policy_error("num_parts", f"must be an int in 1..{MAX_NUM_PARTS}, got {num_parts!r}")
