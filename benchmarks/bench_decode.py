@@ -307,8 +307,9 @@ def run_case(
         seqlen_q=case.seqlen_q,
         num_heads=module.NUM_HEADS,
         total_tokens=sum(case.seqlens),
-        config=f"m{schedule.block_m} n{schedule.config[0]} w{schedule.config[1]} s{schedule.config[2]} "
-        f"p{schedule.num_parts}",
+        # Gluon: r = registers of the second warpgroup; portable: w = warps
+        config=f"m{schedule.block_m} n{schedule.config[0]} {'r' if schedule.backend == 'gluon' else 'w'}"
+        f"{schedule.config[1]} s{schedule.config[2]} p{schedule.num_parts}",
         us=us,
         gbps=gbps,
         tflops=tflops,

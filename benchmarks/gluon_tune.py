@@ -79,7 +79,7 @@ def tune_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tup
         for min_blocks in sorted({base.min_blocks_per_part, 16, 64}):
             for stages in sorted({module.DECODE_GLUON_STAGES, 2}):
                 parts = max(1, sms * parts_per_sm // base.row_blocks)
-                config = (module.DECODE_GLUON_BLOCK_N, 4, stages)
+                config = (module.DECODE_GLUON_BLOCK_N, module.DECODE_GLUON_CONSUMER_REGS, stages)
                 schedule = module.DecodeSchedule(
                     batch, case.seqlen_q, module.DECODE_GLUON_BLOCK_M, parts, min_blocks, config, sms, "gluon", ""
                 )

@@ -124,6 +124,14 @@ def tune_command(
     warmup_ms: Annotated[int, typer.Option(help="do_bench warm-up per configuration and case (ms)")] = 25,
     rep_ms: Annotated[int, typer.Option(help="do_bench measuring time per configuration and case (ms)")] = 100,
     seed: SeedOption = 0,
+    buckets: Annotated[
+        str | None,
+        typer.Option(
+            "--buckets",
+            help="only these buckets, comma-separated: decode m<rows>, m<rows>-small, gluon (the Hopper "
+            "backend's registers and stages); prefill causal, prefix",
+        ),
+    ] = None,
 ) -> None:
     """Benchmark each spec's autotune spaces on this GPU and record the winners in a tuning database.
 
@@ -131,11 +139,12 @@ def tune_command(
     configuration is checked against the reference, then timed; the fastest wins, the default unless one
     beats it by over 1%. A kernel that several specs share is tuned once.
     """
-    from .tuner import default_jobs, parse_cases, tune_specs
+    from .tuner import default_jobs, parse_buckets, parse_cases, tune_specs
     from .tuning import user_db_path
 
     chosen = resolve_specs(specs or [], all_bundled, spec_dir)
     case_list = parse_cases(cases)
+    wanted = parse_buckets(buckets) if buckets is not None else None
     on_gpu, gpu_text = _gpu_visible()
     if not on_gpu:
         raise UsageError(f"mlagen tune needs a CUDA GPU: {gpu_text}")
@@ -153,6 +162,7 @@ def tune_command(
             device=torch.device("cuda", torch.cuda.current_device()),
             phase=progress.phase,
             log=lambda line: typer.echo(line, err=True),
+            buckets_wanted=wanted,
         )
     print_tune_report(report)
     if not report.ok:

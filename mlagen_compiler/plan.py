@@ -166,6 +166,11 @@ class GluonDecodePlan:
     parts_per_sm: int
     min_blocks_per_part: int
     verified_triton: tuple[tuple[int, int], ...]
+    #: what `mlagen tune` times (bucket "gluon"): (block_n, consumer_regs, num_stages) over the register
+    #: splits GLUON_CONSUMER_REGS and every ring depth that fits; the default is (block_n, consumer_regs,
+    #: num_stages) above. Rows per program are fixed at one warpgroup MMA (64).
+    space: tuple[tuple[int, int, int], ...] = ()
+    default: tuple[int, int, int] = (64, 168, 2)
 
 
 def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int) -> int:
@@ -175,6 +180,10 @@ def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int)
 
 #: most ring stages offered: past 4 a 64-position block is already > 10 us of transfers ahead
 GLUON_MAX_STAGES = 4
+#: registers of the second (P V) warpgroup offered to the tuner (setmaxnreg: multiples of 8; the softmax
+#: warpgroup gets what the second one and the producer leave, at most 256)
+GLUON_CONSUMER_REGS = (152, 168, 184, 200)
+GLUON_DEFAULT_CONSUMER_REGS = 168
 
 
 def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> GluonDecodePlan:
@@ -202,7 +211,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         dc_half=dc_half,
         num_stages=stages,
         smem_bytes=_gluon_smem_bytes(dc, dr, stages, block_m, block_n),
-        consumer_regs=168,
+        consumer_regs=GLUON_DEFAULT_CONSUMER_REGS,
         producer_regs=40,
         gather_warps=4,
         gather_regs=88,
@@ -212,6 +221,8 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,
+        space=tuple((block_n, regs, s) for regs in GLUON_CONSUMER_REGS for s in fitting) if not reasons else (),
+        default=(block_n, GLUON_DEFAULT_CONSUMER_REGS, stages),
     )
 
 

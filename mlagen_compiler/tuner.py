@@ -7,6 +7,8 @@ Buckets tuned, per spec:
   realistic (varlen lengths around a mean, a shuffled page table, random data; never zeros), every
   configuration checked against the PyTorch reference on them first. Latency-regime buckets are timed
   by CUDA-graph replay, as serving engines run small batches (eager timing would measure the host).
+  Where the Gluon backend runs (Hopper), also its bucket `gluon`: (block_n, registers of the second
+  warpgroup, ring stages) timed on the serving-size cases with Sq = 1.
 - prefill: `causal` (`mla_prefill` over the case's new tokens) and `prefix` (the non-causal launch of
   chunked prefill: the new tokens against a prefix of the case's length, already in MHA form); each
   configuration is first checked against the float64 reference on `verify.prefill_cases` (tile-edge
@@ -33,6 +35,7 @@ import dataclasses
 import datetime
 import math
 import os
+import re
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +43,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .tuning import MARGIN, kernel_geometry, tuned_for_spec, write_db
+from .tuning import GLUON_BUCKET, MARGIN, kernel_geometry, tuned_for_spec, write_db
 
 __all__ = [
     "CASES",
@@ -54,6 +57,7 @@ __all__ = [
     "decode_buckets",
     "entries_from_results",
     "make_inputs",
+    "parse_buckets",
     "parse_cases",
     "prefill_buckets",
     "time_config",
@@ -135,6 +139,18 @@ def parse_cases(text: str) -> list[TuneCase]:
     return [CASES[n] for n in dict.fromkeys(names)]
 
 
+def parse_buckets(text: str) -> list[str]:
+    """Comma-separated bucket names: m<rows>, m<rows>-small, gluon, causal, prefix."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    pattern = re.compile(r"^(m\d+(-small)?|causal|prefix|" + GLUON_BUCKET + ")$")
+    for name in names:
+        if not pattern.match(name):
+            raise ValueError(f"--buckets: unknown bucket '{name}' (m<rows>, m<rows>-small, gluon, causal, prefix)")
+    if not names:
+        raise ValueError("--buckets: no bucket given")
+    return names
+
+
 @dataclasses.dataclass(frozen=True)
 class Bucket:
     """One bucket of one kernel to tune: its configurations, its default and the cases that reach it."""
@@ -165,7 +181,19 @@ def decode_buckets(module: ModuleType, cases: Sequence[TuneCase], device) -> lis
                 found[bucket] = Bucket(
                     "decode", bucket, configs, tuple(default), tuple(bucket_cases), seqlen_q, block_m
                 )
+    gluon_cases = tuple(c for c in cases if c.kernel == "decode" and c.batch > module.DECODE_SMALL_BATCH)
+    if gluon_cases and module.decode_backend(device, "auto")[0] == "gluon":
+        # the Hopper backend's knobs: one bucket for the serving-size batches it takes, Sq = 1
+        configs = tuple(tuple(c) for c in module.DECODE_GLUON_SPACE)
+        found[GLUON_BUCKET] = Bucket(
+            "decode", GLUON_BUCKET, configs, tuple(module.DECODE_GLUON_DEFAULT), gluon_cases, 1,
+            module.DECODE_GLUON_BLOCK_M,
+        )  # fmt: skip
     return list(found.values())
+
+
+def _decode_backend(bucket: Bucket) -> str:
+    return "gluon" if bucket.bucket == GLUON_BUCKET else "triton"
 
 
 def prefill_buckets(module: ModuleType, cases: Sequence[TuneCase]) -> list[Bucket]:
@@ -263,7 +291,7 @@ def _timed_call(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], conf
     if bucket.kernel == "decode":
         q = inputs["q"]
         batch, seqlen_q = q.shape[0], q.shape[1]
-        schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=config, backend="triton")
+        schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=config, backend=_decode_backend(bucket))
         out_shape = (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK)
         out = torch.empty(out_shape, dtype=module.DTYPE, device=q.device)
         lse = torch.empty((batch, module.NUM_HEADS, seqlen_q), dtype=torch.float32, device=q.device)
@@ -321,7 +349,9 @@ def _check_config(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], co
         return ""
     q = inputs["q"]
     batch, seqlen_q = q.shape[0], q.shape[1]
-    schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=tuple(config), backend="triton")
+    schedule = module.get_decode_schedule(
+        batch, seqlen_q, q.device, config=tuple(config), backend=_decode_backend(bucket)
+    )
     nan = float("nan")
     out = torch.full((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), nan, dtype=module.DTYPE, device=q.device)
     lse = torch.full((batch, module.NUM_HEADS, seqlen_q), nan, dtype=torch.float32, device=q.device)
@@ -597,10 +627,12 @@ def tune_specs(
     seed: int = 0,
     phase: Callable[[str, int], Callable[[str], None]] = lambda _name, _total: lambda _: None,
     log: Callable[[str], None] = lambda _: None,
+    buckets_wanted: Sequence[str] | None = None,
 ) -> TuneReport:
-    """`mlagen tune` after argument checking: compile each spec, find its buckets (each key once), warm up,
-    check and time, merge the winners into `db_path`, and check that a module compiled from that database
-    picks them. phase(name, steps) returns the progress callback of a phase; log prints a line."""
+    """`mlagen tune` after argument checking: compile each spec, find its buckets (each key once; only those
+    named in buckets_wanted when given), warm up, check and time, merge the winners into `db_path`, and
+    check that a module compiled from that database picks them. phase(name, steps) returns the progress
+    callback of a phase; log prints a line."""
     from .compile import compile_spec, import_module_from_path
 
     started = time.monotonic()
@@ -615,6 +647,8 @@ def tune_specs(
             for bucket in (decode_buckets(module, cases, device) if "decode" in spec.kernels else []) + prefill_buckets(
                 module, cases
             ):
+                if buckets_wanted is not None and bucket.bucket not in buckets_wanted:
+                    continue
                 key = (bucket.kernel, kernel_geometry(bucket.kernel, spec), bucket.bucket)
                 if key in measured_by:
                     shared.append(f"{spec.name} {bucket.kernel} {bucket.bucket}: same kernel as {measured_by[key]}")

@@ -87,6 +87,8 @@ REQUIRED_FIELDS = (*KEY_FIELDS, "config")
 FAMILY_WIDE = "*"
 #: prefill launches: new tokens among themselves (causal) and against a cached prefix (prefix)
 PREFILL_BUCKETS = ("causal", "prefix")
+#: the decode bucket of the Gluon (Hopper) backend: one for every batch it takes
+GLUON_BUCKET = "gluon"
 #: a configuration replaces the default only if it is faster by more than this fraction (the tuner's
 #: rule, also applied when the migration pools several measurements of one key)
 MARGIN = 0.01
@@ -257,8 +259,9 @@ def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
     """kernel -> bucket -> configurations of the spec's current autotune space.
 
     The bucket names mirror `decode_bucket(block_m, small)` of the generated module (tests check they
-    agree): "m<block_m>" and, for the latency regime, "m<block_m>-small", over the same space; prefill
-    has one space for both of its buckets.
+    agree): "m<block_m>" and, for the latency regime, "m<block_m>-small", over the same space, and "gluon"
+    for the Hopper backend's (block_n, consumer_regs, num_stages); prefill has one space for both of its
+    buckets.
     """
     plan = lower(spec)
     out: dict[str, dict[str, set[tuple[int, ...]]]] = {}
@@ -267,6 +270,8 @@ def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
         for m, cfgs in plan.decode.space:
             configs = {(c.block_n, c.num_warps, c.num_stages) for c in cfgs}
             out["decode"][f"m{m}"] = out["decode"][f"m{m}-small"] = configs
+        if plan.decode.gluon.eligible:
+            out["decode"][GLUON_BUCKET] = set(plan.decode.gluon.space)
     if plan.prefill is not None:
         configs = {c.as_tuple() for c in plan.prefill.space}
         out["prefill"] = {bucket: configs for bucket in PREFILL_BUCKETS}

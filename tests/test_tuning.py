@@ -640,3 +640,48 @@ def test_warm_up_compiles_in_worker_processes(tmp_path):
     seen = []
     failures = warm_up([good, good_prefill, bad], jobs=2, advance=seen.append)
     assert list(failures) == [bad] and "config" in failures[bad] and len(seen) == 3
+
+
+def test_gluon_entries_reach_the_gluon_schedule(tmp_path, monkeypatch):
+    """A database entry of bucket "gluon" (block_n, second warpgroup's registers, stages) is taken by the
+    Gluon backend's schedule on its GPU and nowhere else; entries outside the plan's space are dropped."""
+    from helpers import DEEPSEEK_V3_TP8_SPEC
+
+    spec = spec_from_dict({**DEEPSEEK_V3_TP8_SPEC, "name": "tune-gluon"})
+    gluon_plan = lower(spec).decode.gluon
+    assert gluon_plan.eligible and gluon_plan.default in gluon_plan.space
+    chosen = next(c for c in gluon_plan.space if c != gluon_plan.default)
+    stale = (64, 4, 2)  # the old (block_n, warps, stages) form: not in the space
+    db = tmp_path / "db.json"
+    write_db(db, [entry(spec, "gluon", chosen), entry(spec, "gluon", stale, gpu="NVIDIA H200")])
+    tuned = tuned_for_spec(spec, [db])
+    assert tuned["decode"] == {f"sm90|{H100}|gluon": list(chosen), "sm90|*|gluon": list(chosen)}
+    module = import_module_from_path(compile_spec(spec, tmp_path / "tuned", tuned))
+    cuda = torch.device("cuda", 0)  # never touched: GPU and backend pretended
+    _pretend_gpu(monkeypatch, module, "sm90", H100)
+    monkeypatch.setattr(module, "decode_backend", lambda *args, **kwargs: ("gluon", ""))
+    assert module.get_decode_schedule(128, 1, cuda, num_parts=2).config == chosen
+    _pretend_gpu(monkeypatch, module, "sm100", "NVIDIA B200")  # no entry for its family: the default
+    assert module.get_decode_schedule(128, 1, cuda, num_parts=2).config == gluon_plan.default
+    # a forced configuration must be one of the Gluon space's, named in the error
+    with pytest.raises(ValueError, match=r"^config: the Gluon decode takes \(block_n, registers, stages\)"):
+        module.get_decode_schedule(128, 1, cuda, num_parts=2, config=(64, 4, 2), backend="gluon")
+    assert module.get_decode_schedule(128, 1, cuda, num_parts=2, config=list(chosen), backend="gluon").config == chosen
+    # the tuner times the Gluon bucket where the backend runs, on the serving-size cases only
+    buckets = decode_buckets(module, [CASES["b128-s8k"], CASES["b1-s8k"]], cuda)
+    gluon_bucket = next(b for b in buckets if b.bucket == "gluon")
+    assert gluon_bucket.configs == gluon_plan.space and gluon_bucket.default == gluon_plan.default
+    assert gluon_bucket.cases == (CASES["b128-s8k"],) and gluon_bucket.seqlen_q == 1
+    monkeypatch.undo()
+    assert all(b.bucket != "gluon" for b in decode_buckets(module, [CASES["b128-s8k"]], torch.device("cpu")))
+
+
+def test_parse_buckets():
+    from mlagen_compiler.tuner import parse_buckets
+
+    assert parse_buckets("gluon, m16,m64-small,causal") == ["gluon", "m16", "m64-small", "causal"]
+    for bad, fragment in (("m16,warp", "unknown bucket 'warp'"), (" , ", "no bucket given"), ("m", "unknown bucket 'm' ")):
+        with pytest.raises(ValueError, match=f"^--buckets: {fragment}"):
+            parse_buckets(bad)
+    result = CliRunner().invoke(app, ["tune", "--buckets", "gluon,nope", "deepseek-v3-tp8"])
+    assert result.exit_code == 2 and "--buckets: unknown bucket 'nope'" in result.output
