@@ -171,8 +171,17 @@ class _FakeUtils:
 
     def fill_tma_descriptor(self, address, swizzle, elem_size, elem_type, block, shape, strides, padding):
         self.encoded.append(address)
-        return ("tensor map", address, swizzle, elem_size, elem_type, tuple(block), tuple(shape), tuple(strides),
-                padding)
+        return (
+            "tensor map",
+            address,
+            swizzle,
+            elem_size,
+            elem_type,
+            tuple(block),
+            tuple(shape),
+            tuple(strides),
+            padding,
+        )
 
 
 class _FakeDriver:
@@ -214,10 +223,20 @@ class _CompilingKernel:
         return dispatch
 
 
-_SIGNATURE = {"A": "*bf16", "DESC": "tensordesc<bf16[16, 16]>", "WORK": "*fp32", "PDESC": "tensordesc<bf16[8, 16]>",
-              "N": "i32", "S": "fp32", "NONE": "constexpr", "X": "constexpr"}
-_DESCRIPTOR_META = [{"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [16, 16], "fp4_padded": False},
-                    None]  # the second lowered to a pointer
+_SIGNATURE = {
+    "A": "*bf16",
+    "DESC": "tensordesc<bf16[16, 16]>",
+    "WORK": "*fp32",
+    "PDESC": "tensordesc<bf16[8, 16]>",
+    "N": "i32",
+    "S": "fp32",
+    "NONE": "constexpr",
+    "X": "constexpr",
+}
+_DESCRIPTOR_META = [
+    {"swizzle": 3, "elem_size": 2, "elem_type": 9, "block_size": [16, 16], "fp4_padded": False},
+    None,
+]  # the second lowered to a pointer
 
 
 def _cuda_launcher(c_launch, signature=_SIGNATURE, meta=_DESCRIPTOR_META):
@@ -246,8 +265,15 @@ def _raw_setup(module, monkeypatch):
 
     a, b, c = call_tensors()
     work = torch.zeros(4)
-    args = (a, module.TensorDescriptor(b[:, 8:], [32, 16], [24, 1], [16, 16]), work,
-            module.TensorDescriptor(c[8:], [32, 16], [16, 1], [8, 16]), 7, 0.5, None)
+    args = (
+        a,
+        module.TensorDescriptor(b[:, 8:], [32, 16], [24, 1], [16, 16]),
+        work,
+        module.TensorDescriptor(c[8:], [32, 16], [16, 1], [8, 16]),
+        7,
+        0.5,
+        None,
+    )
     launch = module._PreparedLaunch(kernel, (2, 3), (a, b, c), (work,), args, {"X": 3}, num_warps=4)
     return fake, c_launch, compiled, kernel, launch, call_tensors
 
@@ -350,5 +376,5 @@ def test_raw_launch_is_declined_for_a_launcher_of_another_structure(build_module
     assert module._cuda_launcher_parts(_FakeCompiled(launcher)) is None
     assert module._cuda_launcher_parts(_FakeCompiled(object())) is None  # not a CudaLauncher
     # only the releases whose launcher source was read take it
-    assert module._RAW_LAUNCH == (module.TRITON_VERSION in module._RAW_LAUNCH_RELEASES)
+    assert (module.TRITON_VERSION in module._RAW_LAUNCH_RELEASES) == module._RAW_LAUNCH
     assert module._RAW_LAUNCH_RELEASES == ((3, 6),)
