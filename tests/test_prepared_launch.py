@@ -378,3 +378,29 @@ def test_raw_launch_is_declined_for_a_launcher_of_another_structure(build_module
     # only the releases whose launcher source was read take it
     assert (module.TRITON_VERSION in module._RAW_LAUNCH_RELEASES) == module._RAW_LAUNCH
     assert module._RAW_LAUNCH_RELEASES == ((3, 6),)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the raw launch runs compiled kernels (GPU)")
+@pytest.mark.parametrize("page_size", [4, 64])  # 64: the cache (and wide query blocks) through TMA descriptors
+def test_raw_launch_gives_the_results_of_tritons_launcher(build_module, device, page_size):
+    module = build_module(**{**SPEC, "name": f"prepared-raw-{page_size}", "page_size": page_size})
+    schedule = module.get_decode_schedule(2, 1, device, num_parts=5, min_blocks_per_part=1)
+    seqlens = (300, 700)
+    decode_and_check(module, fresh_inputs(module, device, 0, seqlens), schedule)
+    (launches,) = schedule._launches.values()
+    assert all((launch.raw is not None) == module._RAW_LAUNCH for launch in launches)
+    if module._RAW_LAUNCH and page_size == 64:
+        assert any(launch.raw.descriptor_slots for launch in launches)
+    for seed in (1, 2):  # new tensors at new addresses: tensor maps encoded for them
+        inputs = fresh_inputs(module, device, seed, seqlens)
+        raw = module.mla_decode(**inputs, schedule=schedule, return_lse=True)
+        kept = [launch.raw for launch in launches]
+        for launch in launches:
+            launch.raw = None  # Triton's launcher (_launch_compiled)
+        try:
+            plain = module.mla_decode(**inputs, schedule=schedule, return_lse=True)
+        finally:
+            for launch, saved in zip(launches, kept, strict=True):
+                launch.raw = saved
+        assert torch.equal(raw[0], plain[0]) and torch.equal(raw[1], plain[1])
+        decode_and_check(module, inputs, schedule)
