@@ -95,16 +95,30 @@ def parts(module, q, kv, table, lens, schedule, out, lse, calls: int) -> None:
 
     scale = module.SOFTMAX_SCALE
     signature = getattr(module, "_decode_signature", None)
-    if signature is not None:
-        args = (q, kv, table, lens, out, lse, None, None, scale)
-        print(f"    _decode_signature (out, lse given): {median(lambda: signature(*args)):6.2f} us")
-    shape, dtype = tuple(out.shape), out.dtype
-    empty = median(lambda: torch.empty(shape, dtype=dtype, device="cuda"))
-    print(f"    torch.empty of out:                 {empty:6.2f} us")
+    addresses = getattr(module, "_decode_addresses", None)
+    if signature is not None and addresses is not None:
+        pointers = addresses(q, kv, table, lens, out, lse, None)
+        args = (q, kv, table, lens, out, lse, None, None, scale, pointers)
+        print(
+            f"    _decode_addresses + _decode_signature (out, lse given): "
+            f"{median(lambda: signature(*args[:-1], addresses(*args[:6], None))):6.2f} us"
+        )
+    shape, dtype, device = tuple(out.shape), out.dtype, out.device
+    strides = out.stride()
+    for text, allocate in (
+        ("torch.empty", lambda: torch.empty(shape, dtype=dtype, device=device)),
+        ("torch.empty_strided", lambda: torch.empty_strided(shape, strides, dtype=dtype, device=device)),
+        ("q.new_empty", lambda: q.new_empty(shape)),
+    ):
+        print(f"    {text} of out: {median(allocate):6.2f} us")
     launches = next(iter(schedule._launches.values()), None) if hasattr(schedule, "_launches") else None
     if not launches:
         return
     inputs = (q, kv, table, lens, out, lse, None)
+    if hasattr(module, "_launch_prepared") and addresses is not None:
+        pointers = addresses(*inputs)
+        prepared = median(lambda: module._launch_prepared(launches, inputs, pointers))
+        print(f"    _launch_prepared (all launches): {prepared:6.2f} us")
     for k, launch in enumerate(launches):
         name = getattr(launch.kernel, "__name__", None) or getattr(getattr(launch.kernel, "fn", None), "__name__", "?")
         print(
@@ -113,16 +127,18 @@ def parts(module, q, kv, table, lens, schedule, out, lse, calls: int) -> None:
         )
         raw = getattr(launch, "raw", None)
         if raw is not None:
-            print(f", raw alone {median(lambda raw=raw: raw.launch(inputs)):6.2f} us", end="")
+            addresses = [None if tensor is None else tensor.data_ptr() for tensor in inputs]
+            stream = raw.get_stream(raw.device)
+            raw_alone = median(lambda raw=raw, addresses=addresses, stream=stream: raw.launch_at(addresses, stream))
+            print(f", raw alone {raw_alone:6.2f} us", end="")
             arguments = list(raw.arguments)
-            arguments[3] = raw.get_stream(raw.device)
-            for position, index in raw.tensor_slots:
-                arguments[position] = inputs[index].data_ptr()
-            for position, index, offset, encoded, _, _ in raw.descriptor_slots:
-                address = inputs[index].data_ptr() + offset
-                arguments[position] = address if encoded is None else encoded[address]
+            arguments[3] = stream
+            for position, index, offset in raw.pointer_slots:
+                arguments[position] = addresses[index] + offset
+            for position, index, offset, maps in raw.map_slots:
+                arguments[position] = maps[addresses[index] + offset]
             alone = median(lambda raw=raw, arguments=arguments: raw.c_launch(*arguments))
-            print(f", C launcher alone {alone:6.2f} us", end="")
+            print(f", C launcher alone {alone:6.2f} us ({len(arguments)} arguments)", end="")
         if launch.compiled is not None and hasattr(launch, "arguments"):
             values = launch.arguments(inputs)
             triton_launcher = median(

@@ -390,7 +390,7 @@ def test_raw_launch_gives_the_results_of_tritons_launcher(build_module, device, 
     (launches,) = schedule._launches.values()
     assert all((launch.raw is not None) == module._RAW_LAUNCH for launch in launches)
     if module._RAW_LAUNCH and page_size == 64:
-        assert any(launch.raw.descriptor_slots for launch in launches)
+        assert any(launch.raw.map_slots for launch in launches)
     for seed in (1, 2):  # new tensors at new addresses: tensor maps encoded for them
         inputs = fresh_inputs(module, device, seed, seqlens)
         raw = module.mla_decode(**inputs, schedule=schedule, return_lse=True)
