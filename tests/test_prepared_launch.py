@@ -104,6 +104,20 @@ def test_given_and_allocated_outputs_are_different_signatures(build_module, devi
     assert len(schedule._launches) == 2
 
 
+def test_allocated_outputs_are_fresh_and_contiguous_lse_rows_shared_only_when_not_returned(build_module, device):
+    module = build_module(**SPEC)
+    inputs = fresh_inputs(module, device, 2)
+    for schedule in (module.get_decode_schedule(2, 1, device), None):
+        calls = [module.mla_decode(**inputs, schedule=schedule, return_lse=True) for _ in range(3)]  # 2 prepared
+        for out, lse in calls:
+            assert out.shape == (2, 1, module.NUM_HEADS, module.KV_LORA_RANK) and out.is_contiguous()
+            assert lse.shape == (2, module.NUM_HEADS, 1) and lse.is_contiguous() and lse.dtype == torch.float32
+            assert torch.equal(out, calls[0][0]) and torch.equal(lse, calls[0][1])
+        assert len({t.data_ptr() for call in calls for t in call}) == 6  # every returned tensor its own
+        outs = [module.mla_decode(**inputs, schedule=schedule) for _ in range(2)]
+        assert outs[0].data_ptr() != outs[1].data_ptr() and torch.equal(outs[0], calls[0][0])
+
+
 class _RecordingKernel:
     """Stands in for a JIT function: records the arguments of each launch."""
 
