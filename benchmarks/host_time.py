@@ -1,0 +1,268 @@
+"""Host time per decode call of several module files side by side (GPU machine), with a correctness check.
+
+Each `--module LABEL=PATH[:VAR=VALUE,...]` is imported fresh with those environment variables set (the
+modules read MLAGEN_* at import), e.g. the committed module of an earlier commit as `before`, this tree's as
+`after`, and `after` with MLAGEN_RAW_LAUNCH=0. Per case (backend, batch; B sequences of --seqlen tokens, pages
+shuffled), every module's calls are timed interleaved, sample by sample: back-to-back calls issued with
+`schedule=`, `out=`, `lse=` passed, and bare (none of them); a sample is --calls calls, synchronised before
+and after, so the time is the host's as long as the launch queue does not fill. Then the results:
+every module's output and LSE must equal the first module's bit for bit, with its schedule and bare, on the
+timing inputs and on fresh ones (another query at another address, another layer's cache on the same
+schedule), and B <= 8 cases are also compared with the float64 reference.
+
+    python benchmarks/host_time.py --module before=old.py --module after=generated/deepseek_v3_tp8.py \
+        [--batch 1 128] [--backend triton gluon] [--calls 200] [--samples 9] [--profile after] [--parts after]
+
+--profile LABEL: cProfile of that module's calls with schedule= (top functions by own time).
+--parts LABEL: that module's per-call pieces timed alone (signature, allocations, each launch).
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib.util
+import os
+import pstats
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlagen_compiler.verify import compare_with_lse, decode_reference  # noqa: E402
+
+
+def load(label: str, path: str, env: dict[str, str]):
+    """A fresh import of the module file with `env` set during the import (restored after)."""
+    saved = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    try:
+        name = f"_host_time_{label.replace('-', '_')}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def parse_module(text: str) -> tuple[str, str, dict[str, str]]:
+    label, _, rest = text.partition("=")
+    path, _, env_text = rest.partition(":")
+    env = dict(item.split("=", 1) for item in env_text.split(",") if item)
+    return label, path, env
+
+
+def make_inputs(module, batch: int, seqlen: int, seed: int):
+    """q, kv_cache, block_table, cache_seqlens: `batch` sequences of `seqlen` tokens, pages shuffled."""
+    gen = torch.Generator().manual_seed(seed)
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    pages_per_seq = -(-seqlen // module.PAGE_SIZE)
+    table = torch.randperm(batch * pages_per_seq, generator=gen).to(torch.int32).view(batch, pages_per_seq)
+    kv = torch.randn(batch * pages_per_seq, module.PAGE_SIZE, 1, width, generator=gen).to(module.CACHE_DTYPE)
+    q = torch.randn(batch, 1, module.NUM_HEADS, width, generator=gen).to(module.DTYPE)
+    lens = torch.full((batch,), seqlen, dtype=torch.int32)
+    return [t.cuda() for t in (q, kv, table, lens)]
+
+
+def time_sample(call, calls: int) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        call()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed / calls * 1e6
+
+
+def parts(module, q, kv, table, lens, schedule, out, lse, calls: int) -> None:
+    """Per-call pieces of the module's prepared path, each timed alone (median of 9 samples, us)."""
+
+    def median(call):
+        for _ in range(20):
+            call()
+        return statistics.median(time_sample(call, calls) for _ in range(9))
+
+    scale = module.SOFTMAX_SCALE
+    signature = getattr(module, "_decode_signature", None)
+    addresses = getattr(module, "_decode_addresses", None)
+    if signature is not None and addresses is not None:
+        pointers = addresses(q, kv, table, lens, out, lse, None)
+        args = (q, kv, table, lens, out, lse, None, None, scale, pointers)
+        print(
+            f"    _decode_addresses + _decode_signature (out, lse given): "
+            f"{median(lambda: signature(*args[:-1], addresses(*args[:6], None))):6.2f} us"
+        )
+    shape, dtype, device = tuple(out.shape), out.dtype, out.device
+    strides = out.stride()
+    for text, allocate in (
+        ("torch.empty", lambda: torch.empty(shape, dtype=dtype, device=device)),
+        ("torch.empty_strided", lambda: torch.empty_strided(shape, strides, dtype=dtype, device=device)),
+        ("q.new_empty", lambda: q.new_empty(shape)),
+    ):
+        print(f"    {text} of out: {median(allocate):6.2f} us")
+    launches = next(iter(schedule._launches.values()), None) if hasattr(schedule, "_launches") else None
+    if not launches:
+        return
+    inputs = (q, kv, table, lens, out, lse, None)
+    if hasattr(module, "_launch_prepared") and addresses is not None:
+        pointers = addresses(*inputs)
+        prepared = median(lambda: module._launch_prepared(launches, inputs, pointers))
+        print(f"    _launch_prepared (all launches): {prepared:6.2f} us")
+    for k, launch in enumerate(launches):
+        name = getattr(launch.kernel, "__name__", None) or getattr(getattr(launch.kernel, "fn", None), "__name__", "?")
+        print(
+            f"    launch {k} ({name}): prepared launch {median(lambda launch=launch: launch.launch(inputs)):6.2f} us",
+            end="",
+        )
+        raw = getattr(launch, "raw", None)
+        if raw is not None:
+            addresses = [None if tensor is None else tensor.data_ptr() for tensor in inputs]
+            stream = raw.get_stream(raw.device)
+            raw_alone = median(lambda raw=raw, addresses=addresses, stream=stream: raw.launch_at(addresses, stream))
+            print(f", raw alone {raw_alone:6.2f} us", end="")
+            arguments = list(raw.arguments)
+            arguments[3] = stream
+            for position, index, offset in raw.pointer_slots:
+                arguments[position] = addresses[index] + offset
+            for position, index, offset, maps in raw.map_slots:
+                arguments[position] = maps[addresses[index] + offset]
+            alone = median(lambda raw=raw, arguments=arguments: raw.c_launch(*arguments))
+            print(f", C launcher alone {alone:6.2f} us ({len(arguments)} arguments)", end="")
+        if launch.compiled is not None and hasattr(launch, "arguments"):
+            values = launch.arguments(inputs)
+            triton_launcher = median(
+                lambda launch=launch, values=values: module._launch_compiled(launch.compiled, launch.grid, values)
+            )
+            print(f", Triton's launcher {triton_launcher:6.2f} us", end="")
+        print(flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--module", action="append", required=True, help="LABEL=PATH[:VAR=VALUE,...]")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1])
+    parser.add_argument("--seqlen", type=int, default=8192)
+    parser.add_argument("--backend", nargs="+", default=["triton"])
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--samples", type=int, default=9)
+    parser.add_argument("--profile", action="append", default=[])
+    parser.add_argument("--parts", action="append", default=[])
+    args = parser.parse_args()
+    modules = {}
+    for text in args.module:
+        label, path, env = parse_module(text)
+        modules[label] = load(label, path, env)
+    first = next(iter(modules.values()))
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, modules: {', '.join(args.module)}", flush=True)
+    rows, failures = [], 0
+    for backend in args.backend:
+        for batch in args.batch:
+            q, kv, table, lens = make_inputs(first, batch, args.seqlen, 0)
+            q2, kv2, _, _ = make_inputs(first, batch, args.seqlen, 1)
+            state = {}
+            for label, module in modules.items():
+                os.environ["MLAGEN_DECODE_BACKEND"] = backend  # what bare calls plan with (read per call)
+                schedule = module.get_decode_schedule(batch, 1, q.device, backend=backend)
+                out, lse = module.mla_decode(q, kv, table, lens, schedule=schedule, return_lse=True)
+                module.mla_decode(q, kv, table, lens)  # the bare call's schedule and launches
+
+                def with_schedule(m=module, s=schedule, o=out, e=lse, t=(q, kv, table, lens)):
+                    m.mla_decode(*t, schedule=s, out=o, lse=e)
+
+                def bare(m=module, t=(q, kv, table, lens)):
+                    m.mla_decode(*t)
+
+                for call in (with_schedule, bare):
+                    for _ in range(20):
+                        call()
+                state[label] = (module, schedule, out, lse, with_schedule, bare)
+            times = {label: ([], []) for label in modules}
+            for _ in range(args.samples):  # interleaved: drift hits every module alike
+                for label, (_, _, _, _, with_schedule, bare) in state.items():
+                    times[label][0].append(time_sample(with_schedule, args.calls))
+                    times[label][1].append(time_sample(bare, args.calls))
+            # results: bit for bit against the first module, given and bare, timing inputs and fresh ones
+            results = {}
+            for label, (module, schedule, _, _, _, _) in state.items():
+                got = []
+                for qq, cache in ((q, kv), (q2, kv), (q, kv2), (q2, kv2)):
+                    got.append(module.mla_decode(qq, cache, table, lens, schedule=schedule, return_lse=True))
+                    got.append(module.mla_decode(qq, cache, table, lens, return_lse=True))
+                    out = torch.full_like(got[-1][0], float("nan"))
+                    lse = torch.full_like(got[-1][1], float("nan"))
+                    module.mla_decode(qq, cache, table, lens, schedule=schedule, out=out, lse=lse)
+                    got.append((out, lse))
+                torch.cuda.synchronize()
+                results[label] = got
+            base = results[next(iter(results))]
+            reference_note = ""
+            if batch <= 8:
+                for k, (qq, cache) in enumerate(((q, kv), (q2, kv2))):
+                    want = decode_reference(
+                        first, {"q": qq, "kv_cache": cache, "block_table": table, "cache_seqlens": lens}
+                    )
+                    _, _, message = compare_with_lse(*base[0 if k == 0 else 9], *want, "bfloat16")
+                    reference_note += " ref ok" if not message else f" REFERENCE FAILED: {message}"
+                    failures += bool(message)
+            for label in modules:
+                same = all(
+                    torch.equal(a, b)
+                    for pair, other in zip(results[label], base, strict=True)
+                    for a, b in zip(pair, other, strict=True)
+                )
+                failures += not same
+                given, bare_times = times[label]
+                schedule = state[label][1]
+                rows.append(
+                    (
+                        f"{backend}/{schedule.backend} merge={schedule.merge} B{batch}",
+                        label,
+                        statistics.median(given),
+                        min(given),
+                        statistics.median(bare_times),
+                        min(bare_times),
+                        "equal" if same else "DIFFERENT",
+                    )
+                )
+                print(
+                    f"{rows[-1][0]} {label}: schedule= {rows[-1][2]:.1f} us (min {rows[-1][3]:.1f}), bare "
+                    f"{rows[-1][4]:.1f} us (min {rows[-1][5]:.1f}), results {rows[-1][6]} to "
+                    f"{next(iter(modules))}{reference_note}",
+                    flush=True,
+                )
+            for label in args.parts:
+                module, schedule, out, lse, _, _ = state[label]
+                print(f"  parts of {label} ({backend} B{batch}):", flush=True)
+                parts(module, q, kv, table, lens, schedule, out, lse, args.calls)
+            for label in args.profile:
+                with_schedule = state[label][4]
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(args.calls):
+                    with_schedule()
+                profiler.disable()
+                torch.cuda.synchronize()
+                print(f"  cProfile of {label} ({backend} B{batch}, schedule=, {args.calls} calls):")
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(16)
+    os.environ.pop("MLAGEN_DECODE_BACKEND", None)
+    print("\n| case | module | host us/call, schedule= (median, min) | bare (median, min) | results |")
+    print("| --- | --- | --- | --- | --- |")
+    for case, label, given, given_min, bare, bare_min, same in rows:
+        print(f"| {case} | {label} | {given:.1f} ({given_min:.1f}) | {bare:.1f} ({bare_min:.1f}) | {same} |")
+    print(f"\n{failures} failure(s)")
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
