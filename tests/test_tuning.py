@@ -680,7 +680,8 @@ def test_parse_buckets():
     from mlagen_compiler.tuner import parse_buckets
 
     assert parse_buckets("gluon, m16,m64-small,causal") == ["gluon", "m16", "m64-small", "causal"]
-    for bad, fragment in (("m16,warp", "unknown bucket 'warp'"), (" , ", "no bucket given"), ("m", "unknown bucket 'm' ")):
+    bad_lists = (("m16,warp", "unknown bucket 'warp'"), (" , ", "no bucket given"), ("m", "unknown bucket 'm' "))
+    for bad, fragment in bad_lists:
         with pytest.raises(ValueError, match=f"^--buckets: {fragment}"):
             parse_buckets(bad)
     result = CliRunner().invoke(app, ["tune", "--buckets", "gluon,nope", "deepseek-v3-tp8"])
