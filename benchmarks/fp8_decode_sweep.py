@@ -50,7 +50,8 @@ def timed(module, q, kv, table, lens, kv_scale, max_len, **schedule_args) -> tup
     call()
     _, _, msg = check(module, q, kv, table, lens, out, lse, max_len, kv_scale)
     config = (
-        f"{schedule.backend} m{schedule.block_m} n{schedule.config[0]} w{schedule.config[1]} "
+        f"{schedule.backend} m{schedule.block_m} n{schedule.config[0]} "
+        f"{'r' if schedule.backend == 'gluon' else 'w'}{schedule.config[1]} "
         f"s{schedule.config[2]} p{schedule.num_parts}"
     )
     return median_ms(call) * 1e3, config, msg

@@ -308,16 +308,18 @@ def _print_summary(results: list) -> None:
         speed = f"{d_us / c_us:.3f}x" if d_us and c_us else "-"
         typer.echo(
             f"{r.spec_name:<18} {r.kernel:<7} {r.bucket:<9} {r.seqlen_q or '-':>2} "
-            f"{_config_text(r.kernel, r.default):<15} {_us_text(d_us):>9} {_config_text(r.kernel, r.chosen):<15} "
+            f"{_config_text(r.kernel, r.default, r.bucket):<15} {_us_text(d_us):>9} "
+            f"{_config_text(r.kernel, r.chosen, r.bucket):<15} "
             f"{_us_text(c_us):>9} {speed:>7} {'/'.join(map(str, counts)):>15}"
         )
 
 
-def _config_text(kernel: str, config: Any) -> str:
-    """decode (block_n, warps, stages) -> n32w4s3; prefill (block_m, block_n, warps, stages) -> m128n64w8s3."""
+def _config_text(kernel: str, config: Any, bucket: str = "") -> str:
+    """decode (block_n, warps, stages) -> n32w4s3, its Gluon bucket (block_n, registers, stages) -> n64r168s2;
+    prefill (block_m, block_n, warps, stages) -> m128n64w8s3."""
     if config is None:
         return "-"
-    names = "nws" if kernel == "decode" else "mnws"
+    names = ("nrs" if bucket == "gluon" else "nws") if kernel == "decode" else "mnws"
     return "".join(f"{k}{v}" for k, v in zip(names, config, strict=True))
 
 

@@ -686,3 +686,11 @@ def test_parse_buckets():
             parse_buckets(bad)
     result = CliRunner().invoke(app, ["tune", "--buckets", "gluon,nope", "deepseek-v3-tp8"])
     assert result.exit_code == 2 and "--buckets: unknown bucket 'nope'" in result.output
+
+
+def test_config_labels_name_what_each_number_is():
+    from mlagen_compiler.cli_tools import _config_text
+
+    assert _config_text("decode", (32, 4, 3)) == "n32w4s3"
+    assert _config_text("decode", (64, 168, 2), "gluon") == "n64r168s2"  # registers, not warps
+    assert _config_text("prefill", (128, 64, 8, 3), "causal") == "m128n64w8s3"
