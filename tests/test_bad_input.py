@@ -128,3 +128,21 @@ def test_unusable_cache_directory_is_one_line_naming_the_variable(tmp_path, monk
     with pytest.raises(CacheError, match=re.escape(f"MLAGEN_CACHE_DIR={root} {problem}")):
         mlagen_compiler.load("deepseek-v2-lite")
     assert blocker.read_text() == "keep me"  # the user's file is never touched
+
+
+@pytest.mark.parametrize("name", ["MLAGEN_RAW_LAUNCH", "MLAGEN_DECODE_TMA", "MLAGEN_DIRECT_LAUNCH"])
+def test_module_switches_take_0_or_1_and_name_a_wrong_value(name):
+    """A generated module's on/off environment variables: "0" / "1" import; anything else (e.g. "off", which
+    would otherwise silently mean on) is a ValueError naming the variable and the value."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import sys; sys.path.insert(0, 'generated'); import deepseek_v3_tp8"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLAGEN_")}
+    for value in ("0", "1"):
+        ok = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, name: value}, capture_output=True)
+        assert ok.returncode == 0, ok.stderr.decode()[-2000:]
+    bad = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, name: "off"}, capture_output=True)
+    assert bad.returncode != 0
+    assert f"ValueError: {name}: expected 0 or 1, got 'off'" in bad.stderr.decode()
