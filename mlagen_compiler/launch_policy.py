@@ -95,6 +95,10 @@ def decode_merge(requested, *, backend, batch_size, num_parts, name="merge"):
     return requested
 
 
+#: the tuned-configuration bucket of the Gluon (Hopper) decode: one for every batch it takes
+DECODE_GLUON_BUCKET = "gluon"
+
+
 def decode_bucket(block_m, small=False):
     """The key that tuned decode configurations are recorded under (small: the latency regime)."""
     return f"m{block_m}-small" if small else f"m{block_m}"

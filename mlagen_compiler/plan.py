@@ -167,10 +167,14 @@ class GluonDecodePlan:
     min_blocks_per_part: int
     verified_triton: tuple[tuple[int, int], ...]
     #: what `mlagen tune` times (bucket "gluon"): (block_n, consumer_regs, num_stages) over the register
-    #: splits GLUON_CONSUMER_REGS and every ring depth that fits; the default is (block_n, consumer_regs,
-    #: num_stages) above. Rows per program are fixed at one warpgroup MMA (64).
+    #: splits GLUON_CONSUMER_REGS and every ring depth that fits (empty where not eligible). Rows per program
+    #: are fixed at one warpgroup MMA (64).
     space: tuple[tuple[int, int, int], ...] = ()
-    default: tuple[int, int, int] = (64, 168, 2)
+
+    @property
+    def default(self) -> tuple[int, int, int]:
+        """The untuned configuration of the tuning space: the plan's block, registers and stages."""
+        return (self.block_n, self.consumer_regs, self.num_stages)
 
 
 def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int) -> int:
@@ -222,7 +226,6 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,
         space=tuple((block_n, regs, s) for regs in GLUON_CONSUMER_REGS for s in fitting) if not reasons else (),
-        default=(block_n, GLUON_DEFAULT_CONSUMER_REGS, stages),
     )
 
 

@@ -50,6 +50,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from .compile import atomic_write_text
+from .launch_policy import DECODE_GLUON_BUCKET
 from .paths import cache_dir, shipped_tuning_dir
 from .plan import lower
 from .registry import resolve_spec
@@ -87,8 +88,8 @@ REQUIRED_FIELDS = (*KEY_FIELDS, "config")
 FAMILY_WIDE = "*"
 #: prefill launches: new tokens among themselves (causal) and against a cached prefix (prefix)
 PREFILL_BUCKETS = ("causal", "prefix")
-#: the decode bucket of the Gluon (Hopper) backend: one for every batch it takes
-GLUON_BUCKET = "gluon"
+#: the decode bucket of the Gluon (Hopper) backend (the generated module looks it up under this name)
+GLUON_BUCKET = DECODE_GLUON_BUCKET
 #: a configuration replaces the default only if it is faster by more than this fraction (the tuner's
 #: rule, also applied when the migration pools several measurements of one key)
 MARGIN = 0.01
