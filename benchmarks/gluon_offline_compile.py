@@ -42,7 +42,8 @@ class _OfflineHopperDriver:
         return torch.device("cpu")
 
 
-def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, fused_merge: bool = True) -> dict:
+def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, fused_merge: bool = True,
+                    consumer_regs: int | None = None) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.runtime.driver import driver
 
@@ -56,6 +57,7 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, f
     batch, heads = 4, module.NUM_HEADS
     q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
     scaled = module.CACHE_SCALED  # an fp8 cache: the converting producer, whatever the page size
+    producer = "convert" if scaled else "gather" if gather else "tma"
     kv = torch.empty(64 * module.PAGE_SIZE, width, dtype=module.CACHE_DTYPE)
     q_desc_c, q_desc_r = module._gluon_descriptors(q, module.DECODE_GLUON_BLOCK_M)
     if scaled:
@@ -104,19 +106,18 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, f
         BLOCK_B=16,
         STAGES=module.DECODE_GLUON_STAGES,
         P_LAYOUT=module._GLUON_LAYOUT_P,
-        GATHER=gather or scaled,
+        PRODUCER=producer,
+        PRODUCER_WARPS=1 if producer == "tma" else module.DECODE_GLUON_GATHER_WARPS,
+        PRODUCER_REGS={"tma": module.DECODE_GLUON_PRODUCER_REGS, "gather": module.DECODE_GLUON_GATHER_REGS,
+                       "convert": module.DECODE_GLUON_CONVERT_REGS}[producer],
         GATHER_COLS=module.DECODE_GLUON_GATHER_COLS,
-        GATHER_WARPS=module.DECODE_GLUON_GATHER_WARPS,
         FUSED_MERGE=fused_merge,
         MERGE_FANIN=module.DECODE_MERGE_FANIN,
         MERGE_LEVELS=module.DECODE_MERGE_LEVELS,
         MERGE_BLOCK_C=module.DECODE_MERGE_BLOCK_C,
-        CONSUMER_REGS=module.DECODE_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
-        GATHER_REGS=module.DECODE_GLUON_GATHER_REGS,
+        CONSUMER_REGS=consumer_regs or module.DECODE_GLUON_CONSUMER_REGS,
         LN2=0.6931471805599453,
         SCALED=scaled,
-        CONVERT_REGS=module.DECODE_GLUON_CONVERT_REGS,
         num_warps=4,
         grid=(1,),
     )
@@ -145,8 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gather", action="store_true", help="the gathering producer (pages < 64)")
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
     parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
+    parser.add_argument("--regs", type=int, help="registers of the P @ V warpgroups (default: the module's)")
     args = parser.parse_args(argv)
-    result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel)
+    result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel, args.regs)
     kernel = result.pop("kernel")
     print(result)
     if args.dump:
