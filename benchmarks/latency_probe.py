@@ -44,6 +44,7 @@ CASES = [
     Case("skewed Sq1", v3_spec(16), 16, SKEWED, 1, graph=True),
     Case("B8 H16", v3_spec(16), 16, [8192] * 8, graph=True),
     Case("B1 H128", v3_spec(128), 128, [8192], graph=True),
+    Case("B8 H128", v3_spec(128), 128, [8192] * 8, graph=True),
 ]
 
 
@@ -121,18 +122,28 @@ def sweep_for(case: Case, module, sms: int) -> list[dict]:
     return out
 
 
-def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, quick: bool) -> list[str]:
+def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -> list[str]:
     module = module_for(case.spec, case.num_heads, tmp)
     q, kv, table, lens, _ = make_inputs(module, case.seqlens, case.seqlen_q, gen)
     batch = len(case.seqlens)
     nbytes, _ = bytes_and_flops(module, case.seqlens, case.seqlen_q)
     lines = []
     knobs_list = sweep_for(case, module, sms)
-    if quick:  # each backend's default schedule with its combine launch, as a programmatic dependent or not
+    if mode == "quick":  # each backend's default schedule with its combine launch, as a programmatic dependent or not
         knobs_list = [dict(backend=b, merge="kernel", pdl=pdl) for b in ("gluon", "triton") for pdl in (True, False)]
+    elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
+        knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
     for knobs in knobs_list:
+        knobs = dict(knobs)
+        tile = knobs.pop("tile", None)
         try:
-            schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
+            tiles = module.DECODE_COMBINE_TILES
+            if tile is not None:
+                module.DECODE_COMBINE_TILES = {tile: tiles[tile]}
+            try:
+                schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
+            finally:
+                module.DECODE_COMBINE_TILES = tiles
         except ValueError as error:
             lines.append(f"{case.name} {knobs}: {error}")
             continue
@@ -156,7 +167,8 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, quick: bool)
             continue
         cfg = (
             f"{schedule.backend} {schedule.merge} m{schedule.block_m} n{schedule.config[0]} "
-            f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''}"
+            f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''} "
+            f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
         )
         kt = " ".join(f"{k}={v:.1f}" for k, v in times.items())
         line = (
@@ -171,7 +183,8 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, quick: bool)
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
-    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="only each backend's default, PDL on and off")
+    parser.add_argument("--tiles", action="store_true", help="auto's schedule with every combine tile instead")
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -186,7 +199,7 @@ def main() -> int:
         for case in CASES:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            lines += run_case(case, Path(tmp), gen, sms, args.quick)
+            lines += run_case(case, Path(tmp), gen, sms, "tiles" if args.tiles else "quick" if args.quick else "")
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]
     print(f"\n{len(lines)} rows, {len(failed)} failed")
