@@ -197,6 +197,20 @@ def check(module, q, kv, table, lens, out, lse, max_len, kv_scale=None):
     return compare_with_lse(out, lse, ref_out, ref_lse, "bfloat16")
 
 
+def checked_call(module, call, inputs, max_len, out, lse, replayed=False) -> str:
+    """Fill `out` and `lse` (the tensors `call` writes) with NaN, run `call`, and check what it wrote against
+    the fp32 reference: '' when right, else the message. Poisoning first matters: the caching allocator can
+    hand a fresh output the memory of an earlier call's correct result, which would hide unwritten elements.
+    replayed: `call` is a graph replay (it writes the captured out / lse)."""
+    q, kv, table, lens, kv_scale = inputs
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    call()
+    torch.cuda.synchronize()
+    _, _, msg = check(module, q, kv, table, lens, out, lse, max_len, kv_scale)
+    return f"{'graph replay: ' if replayed else ''}{msg}" if msg else ""
+
+
 def median_ms(fn, rep: int = 200) -> float:
     """do_bench median, measured twice; the second is kept (the first run after allocating and checking
     a case was seen to read up to 25% slow on fresh buffers)."""
@@ -204,7 +218,8 @@ def median_ms(fn, rep: int = 200) -> float:
     return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
 
 
-def time_graph(fn) -> float:
+def capture_graph(fn):
+    """(CUDA graph of `fn` after three warm-up calls on a side stream, fn's result during capture)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -213,7 +228,14 @@ def time_graph(fn) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        result = fn()
+    return graph, result
+
+
+def time_graph(fn, graph=None) -> float:
+    """Median ms of one replay of a graph of `fn` (or of `graph`, captured already)."""
+    if graph is None:
+        graph, _ = capture_graph(fn)
 
     # 20 replays per timed call so launch gaps between replays are amortised like a serving loop
     def replay():
@@ -262,17 +284,27 @@ def run_case(
     batch = len(case.seqlens)
     max_len = max(case.seqlens)
     schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, backend=backend, merge=merge)
-    out = torch.full(
-        (batch, case.seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), float("nan"), dtype=torch.bfloat16, device="cuda"
+    out = torch.empty(
+        (batch, case.seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), dtype=torch.bfloat16, device="cuda"
     )
-    lse = torch.full((batch, module.NUM_HEADS, case.seqlen_q), float("nan"), device="cuda")
+    lse = torch.empty((batch, module.NUM_HEADS, case.seqlen_q), device="cuda")
     call = lambda: module.mla_decode(
         q, kv, table, lens, schedule=schedule, out=out, lse=lse, return_lse=True, **scaled
     )  # fmt: skip
+    inputs = (q, kv, table, lens, kv_scale)
+    # checked on NaN-poisoned outputs: unwritten elements show
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
     call()
     max_err, rel, msg = check(module, q, kv, table, lens, out, lse, max_len, kv_scale)
     us = median_ms(call) * 1e3
-    graph_us = time_graph(call) * 1e3 if case.graph or graph_all else None
+    # the timed call once more after timing, on poisoned outputs
+    msg = msg or checked_call(module, call, inputs, max_len, out, lse)
+    graph_us = None
+    if case.graph or graph_all:
+        graph, _ = capture_graph(call)
+        graph_us = time_graph(call, graph) * 1e3
+        msg = msg or checked_call(module, graph.replay, inputs, max_len, out, lse, replayed=True)
     host_us = host_us_per_call(call)
     # a bare call plans its schedule and allocates its outputs (same backend and merge, from the environment)
     with _environment(MLAGEN_DECODE_BACKEND=schedule.backend, MLAGEN_DECODE_MERGE=merge):
@@ -346,10 +378,13 @@ def _environment(**values):
 def _time_schedule(module, inputs, sched, max_len, graph=False):
     q, kv, table, lens, kv_scale = inputs
     scaled = {} if kv_scale is None else {"kv_scale": kv_scale}
-    call = functools.partial(module.mla_decode, q, kv, table, lens, schedule=sched, return_lse=True, **scaled)
+    out = torch.empty((q.shape[0], q.shape[1], module.NUM_HEADS, module.KV_LORA_RANK), dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], module.NUM_HEADS, q.shape[1]), dtype=torch.float32, device=q.device)
+    call = functools.partial(
+        module.mla_decode, q, kv, table, lens, schedule=sched, out=out, lse=lse, return_lse=True, **scaled
+    )
     try:
-        out, lse = call()
-        _, _, msg = check(module, q, kv, table, lens, out, lse, max_len, kv_scale)
+        msg = checked_call(module, call, inputs, max_len, out, lse)
         if graph:
             us = time_graph(call) * 1e3
         else:

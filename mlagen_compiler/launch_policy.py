@@ -95,6 +95,20 @@ def decode_merge(requested, *, backend, batch_size, num_parts, name="merge"):
     return requested
 
 
+def decode_pdl(requested, *, merge, capability, interpreting):
+    """Whether the combine launch (merge "kernel") is a programmatic dependent launch of the split launch:
+    its programs start while the split launch runs and wait (griddepcontrol.wait) for it to end before
+    reading its partial rows, so the gap between the two launches is hidden (also inside a CUDA graph).
+    requested: None (the default: wherever it can run) or a bool (MLAGEN_DECODE_PDL or the call's pdl=);
+    never without a combine launch, under the interpreter, or before compute capability 9 (Hopper).
+    """
+    if requested not in (None, True, False):
+        raise _policy_error("pdl", f"expected None, True or False, got {requested!r}")
+    if merge != "kernel" or interpreting or capability is None or capability[0] < 9:
+        return False
+    return requested is not False
+
+
 #: the tuned-configuration bucket of the Gluon (Hopper) decode: one for every batch it takes
 DECODE_GLUON_BUCKET = "gluon"
 
@@ -191,12 +205,37 @@ def tuned_config(table, gpu_key, bucket, fallback):
     return table.get((arch, name, bucket), table.get((arch, "*", bucket), fallback))
 
 
-def combine_tile(batch_size, rows, dc, sm_count, tiles):
+#: the most programs per SM a small batch's combine launch is given (combine_tile)
+COMBINE_MAX_PROGRAMS_PER_SM = 16
+
+
+def combine_tile(batch_size, rows, dc, sm_count, tiles, small_batch=0, num_parts=0):
     """((tile rows, tile columns), runs merged per step) of the combine kernel: the largest tile of `tiles`
-    ({(rows, columns): runs}) that still gives every SM a program, else the smallest."""
+    ({(rows, columns): runs}) that still gives every SM a program, else the smallest.
+
+    Small batches of several sequences (2 to small_batch) may be skewed: one sequence can hold nearly all of
+    the num_parts runs (lengths [4641, 45118, 1730, 1696]: 101 of 119), and each step of a program is a
+    round trip to memory. Among the tiles giving every SM one to COMBINE_MAX_PROGRAMS_PER_SM programs they
+    take the largest whose step holds twice a sequence's share of the runs (2 * num_parts / batch_size),
+    else the one with the most runs a step. Measured on the H100 (2026-11-23, graph-replayed, Gluon split,
+    combine µs; latency_probe.py --tiles): that skewed batch at H16 Sq4 43 with (4, 128) (8 runs a step),
+    12 with (1, 64) (64 runs, 2048 programs); at Sq1 25 / 5.7; B8 H16 (16 runs a sequence) 4.5 with (2, 64)
+    (32 runs), 6.1 with (1, 64); B8 H128 (8 runs) 14.8 with (4, 128), 15.4 with (16, 128), 23.1 with
+    (2, 64) (4096 programs).
+    """
     ordered = sorted(tiles.items(), reverse=True)
+
+    def programs(tile):
+        return batch_size * cdiv(rows, tile[0]) * cdiv(dc, tile[1])
+
+    if 2 <= batch_size <= small_batch:
+        share = cdiv(2 * num_parts, batch_size)
+        fit = [(tile, runs) for tile, runs in ordered
+               if sm_count <= programs(tile) <= COMBINE_MAX_PROGRAMS_PER_SM * sm_count]  # fmt: skip
+        if fit:
+            return next(((tile, runs) for tile, runs in fit if runs >= share), max(fit, key=lambda item: item[1]))
     for tile, runs in ordered:
-        if batch_size * cdiv(rows, tile[0]) * cdiv(dc, tile[1]) >= sm_count:
+        if programs(tile) >= sm_count:
             return tile, runs
     return ordered[-1]
 

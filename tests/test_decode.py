@@ -12,7 +12,7 @@ from unittest.mock import patch
 import pytest
 import torch
 from helpers import DEEPSEEK_V3_TP8_SPEC, SMALL_SPEC
-from hypothesis import given, note
+from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from mlagen_compiler.plan import lower_gluon_decode
@@ -208,6 +208,38 @@ def test_fused_merge_trees(build_module, device, backend, fanin):
         nan_unused=True,
     )
     with patch.object(module, "DECODE_MERGE_FANIN", fanin):
+        check_decode(module, device, problem, backend, calls=2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=6)
+@given(
+    runs=st.integers(2, 23),
+    runs_per_step=st.sampled_from([2, 4, 64]),
+    seqlen_q=st.integers(1, 3),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_combine_merges_many_runs_in_steps(build_module, device, backend, runs, runs_per_step, seqlen_q, seed):
+    """The combine launch merges a sequence's runs runs_per_step at a time in one pass, rescaling its sums
+    when a later step holds a larger LSE: one long sequence cut into up to 23 runs beside short and empty
+    ones (a skewed small batch), against the reference; a second call on the same workspace too."""
+    require_backend(build_module, device, backend)
+    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
+    module = build_module(**{**base, "name": "steps", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"})
+    block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
+    problem = dict(
+        seqlens=[3, runs * block_n - 1, 0, block_n + 2],
+        seqlen_q=seqlen_q,
+        num_parts=runs + 2,
+        min_blocks=1,
+        merge="kernel",
+        tma=True,
+        seed=seed,
+        dtype="bfloat16",
+        nan_unused=True,
+    )
+    note(f"problem: {problem}")
+    with patch.object(module, "DECODE_COMBINE_TILES", {(2, 16): runs_per_step}):
         check_decode(module, device, problem, backend, calls=2)
 
 

@@ -147,6 +147,21 @@ def test_combine_tile_gives_every_sm_a_program_with_the_largest_tile():
     assert lp.combine_tile(128, 16, 512, 132, tiles) == ((16, 128), 2)  # 512 programs already
     assert lp.combine_tile(4, 16, 512, 132, tiles) == ((1, 64), 64)  # 4 * 16 * 8 = 512 only at the smallest
     assert lp.combine_tile(1, 1, 64, 132, tiles) == ((1, 64), 64)  # nothing fills the GPU: the smallest
+    # small batches of several sequences (possibly skewed): among tiles giving every SM 1 to 16 programs, the
+    # largest whose step holds twice a sequence's share of the runs, else the one with the most runs a step
+    tiles = {(16, 128): 2, (8, 128): 4, (4, 128): 8, (2, 64): 32, (1, 64): 64}  # the shipped table
+    small = dict(small_batch=8)
+    assert lp.combine_tile(4, 64, 512, 132, tiles, num_parts=132, **small) == ((1, 64), 64)  # skewed Sq4
+    assert lp.combine_tile(4, 64, 512, 132, tiles) == ((4, 128), 8)  # (not a small batch: the rule above)
+    assert lp.combine_tile(4, 16, 512, 132, tiles, num_parts=132, **small) == ((1, 64), 64)  # skewed Sq1
+    assert lp.combine_tile(8, 16, 512, 132, tiles, num_parts=128, **small) == ((2, 64), 32)  # B8 H16: share 32
+    assert lp.combine_tile(8, 16, 512, 132, tiles, num_parts=132, **small) == ((1, 64), 64)  # share 33
+    # B8 H128: (2, 64) would be 4096 programs; of those within 16 per SM, (4, 128) merges the most a step
+    assert lp.combine_tile(8, 128, 512, 132, tiles, num_parts=64, **small) == ((4, 128), 8)
+    assert lp.combine_tile(9, 128, 512, 132, tiles, num_parts=9999, **small) == ((16, 128), 2)  # not small
+    # one sequence cannot be skewed: the largest tile giving every SM a program, as for large batches
+    assert lp.combine_tile(1, 128, 512, 132, tiles, num_parts=66, **small) == ((2, 64), 32)
+    assert lp.combine_tile(1, 16, 512, 132, tiles, num_parts=264, **small) == ((1, 64), 64)
 
 
 def test_tile_loads():
@@ -190,3 +205,17 @@ def test_decode_merge_fuses_where_sequences_have_few_runs():
 def test_fp8_dots_in_float16_only_below_warpgroup_row_blocks():
     assert lp.fp8_dots_in_float16(16, wgmma_min_block_m=64) and lp.fp8_dots_in_float16(32, wgmma_min_block_m=64)
     assert not lp.fp8_dots_in_float16(64, wgmma_min_block_m=64)
+
+
+def test_decode_pdl_only_for_a_combine_launch_on_hopper_or_later():
+    hopper = dict(capability=(9, 0), interpreting=False)
+    assert lp.decode_pdl(None, merge="kernel", **hopper) is True
+    assert lp.decode_pdl(True, merge="kernel", capability=(10, 0), interpreting=False) is True
+    assert lp.decode_pdl(False, merge="kernel", **hopper) is False  # asked off
+    assert lp.decode_pdl(None, merge="fused", **hopper) is False  # one launch: nothing depends on it
+    assert lp.decode_pdl(True, merge="fused", **hopper) is False
+    assert lp.decode_pdl(True, merge="kernel", capability=(8, 0), interpreting=False) is False  # before Hopper
+    assert lp.decode_pdl(True, merge="kernel", capability=None, interpreting=False) is False  # not CUDA
+    assert lp.decode_pdl(True, merge="kernel", capability=(9, 0), interpreting=True) is False
+    with pytest.raises(ValueError, match="^pdl: expected None, True or False, got 'yes'$"):
+        lp.decode_pdl("yes", merge="kernel", **hopper)

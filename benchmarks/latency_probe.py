@@ -1,0 +1,210 @@
+"""Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
+
+    python benchmarks/latency_probe.py [--only NAME,...] [--quick]
+
+For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
+and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
+CUDA-graph replay median, each kernel's device time (torch profiler, eager calls) and the check against the
+fp32 reference: outputs are NaN-poisoned before the checked call and again before one replay of the timed
+graph, which is checked too. First the floor: replay time of graphs of one and of two empty kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench_decode import (  # noqa: E402
+    Case,
+    bytes_and_flops,
+    capture_graph,
+    checked_call,
+    make_inputs,
+    median_ms,
+    module_for,
+    time_graph,
+    v3_spec,
+)
+
+SKEWED = [4641, 45118, 1730, 1696]
+CASES = [
+    Case("B1 H16", v3_spec(16), 16, [8192], graph=True),
+    Case("skewed Sq4", v3_spec(16), 16, SKEWED, 4, graph=True),
+    Case("skewed Sq1", v3_spec(16), 16, SKEWED, 1, graph=True),
+    Case("B8 H16", v3_spec(16), 16, [8192] * 8, graph=True),
+    Case("B1 H128", v3_spec(128), 128, [8192], graph=True),
+    Case("B8 H128", v3_spec(128), 128, [8192] * 8, graph=True),
+]
+
+
+@triton.jit
+def _empty_kernel(X, WAIT: tl.constexpr, TRIGGER: tl.constexpr):
+    if TRIGGER:
+        gdc_launch_dependents()
+    if WAIT:
+        gdc_wait()
+    tl.store(X + tl.program_id(0), 1.0)
+
+
+def floor_us() -> str:
+    """Graph replay time of one and of two dependent empty launches of 132 programs; the second one also
+    as a programmatic dependent launch (PDL: it waits in griddepcontrol.wait), the first one triggering
+    its dependents at its start or not."""
+    x = torch.zeros(132, device="cuda")
+    parts = []
+    for name, launches in [
+        ("1 launch", [{}]),
+        ("2 launches", [{}, {}]),
+        ("2, PDL", [{}, dict(WAIT=True, launch_pdl=True)]),
+        ("2, PDL, trigger", [dict(TRIGGER=True), dict(WAIT=True, launch_pdl=True)]),
+    ]:
+
+        def call(launches=launches):
+            for options in launches:
+                _empty_kernel[(132,)](x, **{"WAIT": False, "TRIGGER": False, **options})
+
+        parts.append(f"{name} {time_graph(call) * 1e3:.2f} us")
+    return "floor: " + ", ".join(parts)
+
+
+def kernel_times(fn) -> dict[str, float]:
+    """Device µs per call of each kernel (profiler over 10 eager calls)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    times = {}
+    for event in prof.key_averages():
+        if event.device_type.name == "CUDA" and event.count:
+            total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+            name = event.key.replace("_mla_decode_", "").replace("_kernel", "")[:24]
+            times[name] = total / 10
+    return times
+
+
+def sweep_for(case: Case, module, sms: int) -> list[dict]:
+    """Schedules to time: the default of each backend and merge, and split variations around them."""
+    blocks64 = sum(-(-s // 64) for s in case.seqlens)
+    out = []
+    for backend in ("gluon", "triton"):
+        for merge in ("kernel", "fused"):
+            out.append(dict(backend=backend, merge=merge))
+        out.append(dict(backend=backend, merge="kernel", pdl=False))
+        if backend == "gluon":
+            for min_blocks in (1, 2, 3):
+                for merge in ("kernel", "fused"):
+                    out.append(dict(backend=backend, merge=merge, min_blocks_per_part=min_blocks))
+            if blocks64 > sms * 5:
+                out.append(dict(backend=backend, merge="kernel", num_parts=2 * sms, min_blocks_per_part=1))
+        else:
+            for min_blocks in (2, 4):
+                out.append(dict(backend=backend, merge="kernel", min_blocks_per_part=min_blocks))
+            # 32-position blocks: twice the runs
+            out.append(dict(backend=backend, merge="kernel", config=(32, 4, 2), min_blocks_per_part=1))
+            out.append(
+                dict(backend=backend, merge="kernel", num_parts=4 * sms, config=(32, 4, 2), min_blocks_per_part=1)
+            )
+    return out
+
+
+def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -> list[str]:
+    module = module_for(case.spec, case.num_heads, tmp)
+    q, kv, table, lens, _ = make_inputs(module, case.seqlens, case.seqlen_q, gen)
+    batch = len(case.seqlens)
+    nbytes, _ = bytes_and_flops(module, case.seqlens, case.seqlen_q)
+    lines = []
+    knobs_list = sweep_for(case, module, sms)
+    if mode == "quick":  # each backend's default schedule with its combine launch, as a programmatic dependent or not
+        knobs_list = [dict(backend=b, merge="kernel", pdl=pdl) for b in ("gluon", "triton") for pdl in (True, False)]
+    elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
+        knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
+    for knobs in knobs_list:
+        knobs = dict(knobs)
+        tile = knobs.pop("tile", None)
+        try:
+            tiles = module.DECODE_COMBINE_TILES
+            if tile is not None:
+                module.DECODE_COMBINE_TILES = {tile: tiles[tile]}
+            try:
+                schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
+            finally:
+                module.DECODE_COMBINE_TILES = tiles
+        except ValueError as error:
+            lines.append(f"{case.name} {knobs}: {error}")
+            continue
+        out = torch.empty((batch, case.seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), dtype=q.dtype, device="cuda")
+        lse = torch.empty((batch, module.NUM_HEADS, case.seqlen_q), dtype=torch.float32, device="cuda")
+
+        def call(schedule=schedule, out=out, lse=lse):
+            return module.mla_decode(q, kv, table, lens, schedule=schedule, out=out, lse=lse, return_lse=True)
+
+        try:
+            msg = checked_call(module, call, (q, kv, table, lens, None), max(case.seqlens), out, lse)
+            graph, _ = capture_graph(call)
+            graph_us = median_ms(lambda graph=graph: [graph.replay() for _ in range(20)], rep=60) * 1e3 / 20
+            # the timed graph's own result, on poisoned outputs
+            msg = msg or checked_call(
+                module, graph.replay, (q, kv, table, lens, None), max(case.seqlens), out, lse, replayed=True
+            )
+            times = kernel_times(call)
+        except Exception as error:  # noqa: BLE001 - a schedule that fails is reported, not fatal
+            lines.append(f"{case.name} {knobs}: {type(error).__name__}: {str(error)[:200]}")
+            continue
+        cfg = (
+            f"{schedule.backend} {schedule.merge} m{schedule.block_m} n{schedule.config[0]} "
+            f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''} "
+            f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
+        )
+        kt = " ".join(f"{k}={v:.1f}" for k, v in times.items())
+        line = (
+            f"{case.name} | {cfg} | graph {graph_us:.1f} us ({nbytes / graph_us / 1e3:.0f} GB/s) | "
+            f"kernels {sum(times.values()):.1f} us: {kt} | {'ok' if not msg else 'FAIL ' + msg}"
+        )
+        print(line, flush=True)
+        lines.append(line)
+    return lines
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", default="")
+    parser.add_argument("--quick", action="store_true", help="only each backend's default, PDL on and off")
+    parser.add_argument("--tiles", action="store_true", help="auto's schedule with every combine tile instead")
+    args = parser.parse_args()
+    print(
+        f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='minutes')}",
+        flush=True,
+    )
+    print(floor_us(), flush=True)
+    gen = torch.Generator().manual_seed(0)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    lines = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in CASES:
+            if args.only and not any(part in case.name for part in args.only.split(",")):
+                continue
+            lines += run_case(case, Path(tmp), gen, sms, "tiles" if args.tiles else "quick" if args.quick else "")
+            torch.cuda.empty_cache()
+    failed = [line for line in lines if "FAIL" in line or "Error" in line]
+    print(f"\n{len(lines)} rows, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
