@@ -42,8 +42,13 @@ class _OfflineHopperDriver:
         return torch.device("cpu")
 
 
-def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, fused_merge: bool = True,
-                    consumer_regs: int | None = None) -> dict:
+def compile_offline(
+    module_path: str,
+    seqlen_q: int = 1,
+    gather: bool = False,
+    fused_merge: bool = True,
+    consumer_regs: int | None = None,
+) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.runtime.driver import driver
 
@@ -108,8 +113,11 @@ def compile_offline(module_path: str, seqlen_q: int = 1, gather: bool = False, f
         P_LAYOUT=module._GLUON_LAYOUT_P,
         PRODUCER=producer,
         PRODUCER_WARPS=1 if producer == "tma" else module.DECODE_GLUON_GATHER_WARPS,
-        PRODUCER_REGS={"tma": module.DECODE_GLUON_PRODUCER_REGS, "gather": module.DECODE_GLUON_GATHER_REGS,
-                       "convert": module.DECODE_GLUON_CONVERT_REGS}[producer],
+        PRODUCER_REGS={
+            "tma": module.DECODE_GLUON_PRODUCER_REGS,
+            "gather": module.DECODE_GLUON_GATHER_REGS,
+            "convert": module.DECODE_GLUON_CONVERT_REGS,
+        }[producer],
         GATHER_COLS=module.DECODE_GLUON_GATHER_COLS,
         FUSED_MERGE=fused_merge,
         MERGE_FANIN=module.DECODE_MERGE_FANIN,
