@@ -43,7 +43,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .tuning import GLUON_BUCKET, MARGIN, kernel_geometry, tuned_for_spec, write_db
+from .launch_policy import DECODE_GLUON_BUCKET
+from .tuning import MARGIN, kernel_geometry, tuned_for_spec, write_db
 
 __all__ = [
     "CASES",
@@ -142,7 +143,7 @@ def parse_cases(text: str) -> list[TuneCase]:
 def parse_buckets(text: str) -> list[str]:
     """Comma-separated bucket names: m<rows>, m<rows>-small, gluon, causal, prefix."""
     names = [part.strip() for part in text.split(",") if part.strip()]
-    pattern = re.compile(r"^(m\d+(-small)?|causal|prefix|" + GLUON_BUCKET + ")$")
+    pattern = re.compile(r"^(m\d+(-small)?|causal|prefix|" + DECODE_GLUON_BUCKET + ")$")
     for name in names:
         if not pattern.match(name):
             raise ValueError(f"--buckets: unknown bucket '{name}' (m<rows>, m<rows>-small, gluon, causal, prefix)")
@@ -185,15 +186,15 @@ def decode_buckets(module: ModuleType, cases: Sequence[TuneCase], device) -> lis
     if gluon_cases and module.decode_backend(device, "auto")[0] == "gluon":
         # the Hopper backend's knobs: one bucket for the serving-size batches it takes, Sq = 1
         configs = tuple(tuple(c) for c in module.DECODE_GLUON_SPACE)
-        found[GLUON_BUCKET] = Bucket(
-            "decode", GLUON_BUCKET, configs, tuple(module.DECODE_GLUON_DEFAULT), gluon_cases, 1,
+        found[DECODE_GLUON_BUCKET] = Bucket(
+            "decode", DECODE_GLUON_BUCKET, configs, tuple(module.DECODE_GLUON_DEFAULT), gluon_cases, 1,
             module.DECODE_GLUON_BLOCK_M,
         )  # fmt: skip
     return list(found.values())
 
 
 def _decode_backend(bucket: Bucket) -> str:
-    return "gluon" if bucket.bucket == GLUON_BUCKET else "triton"
+    return "gluon" if bucket.bucket == DECODE_GLUON_BUCKET else "triton"
 
 
 def prefill_buckets(module: ModuleType, cases: Sequence[TuneCase]) -> list[Bucket]:

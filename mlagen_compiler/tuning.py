@@ -88,8 +88,6 @@ REQUIRED_FIELDS = (*KEY_FIELDS, "config")
 FAMILY_WIDE = "*"
 #: prefill launches: new tokens among themselves (causal) and against a cached prefix (prefix)
 PREFILL_BUCKETS = ("causal", "prefix")
-#: the decode bucket of the Gluon (Hopper) backend (the generated module looks it up under this name)
-GLUON_BUCKET = DECODE_GLUON_BUCKET
 #: a configuration replaces the default only if it is faster by more than this fraction (the tuner's
 #: rule, also applied when the migration pools several measurements of one key)
 MARGIN = 0.01
@@ -272,7 +270,7 @@ def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
             configs = {(c.block_n, c.num_warps, c.num_stages) for c in cfgs}
             out["decode"][f"m{m}"] = out["decode"][f"m{m}-small"] = configs
         if plan.decode.gluon.eligible:
-            out["decode"][GLUON_BUCKET] = set(plan.decode.gluon.space)
+            out["decode"][DECODE_GLUON_BUCKET] = set(plan.decode.gluon.space)
     if plan.prefill is not None:
         configs = {c.as_tuple() for c in plan.prefill.space}
         out["prefill"] = {bucket: configs for bucket in PREFILL_BUCKETS}
