@@ -6,7 +6,7 @@ stages; plus where the time goes (kernel durations from the profiler) for the de
 --parts: instead, the run count against the merge mode: the default (SMs / row blocks), and k runs per
 sequence (k * B: runs end where sequences end when lengths are equal) for every k that keeps the
 programs within two waves.
-Every timed schedule is checked against the reference first; prints a table last.
+Every timed schedule is checked against the reference first, on NaN-poisoned outputs; prints a table last.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT))
 from bench_decode import (  # noqa: E402
     Case,
     bytes_and_flops,
-    check,
+    checked_call,
     lengths,
     make_inputs,
     median_ms,
@@ -88,7 +88,16 @@ def tune_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tup
                     return module.mla_decode(q, kv, table, lens, schedule=schedule, return_lse=True)
 
                 out, lse = call()
-                _, _, msg = check(module, q, kv, table, lens, out, lse, max_len)
+                msg = checked_call(
+                    module,
+                    lambda schedule=schedule, out=out, lse=lse: module.mla_decode(
+                        q, kv, table, lens, schedule=schedule, out=out, lse=lse
+                    ),
+                    (q, kv, table, lens, None),
+                    max_len,
+                    out,
+                    lse,
+                )
                 us = median_ms(call, rep=100) * 1e3
                 row = (case.name, parts, min_blocks, stages, us, nbytes / us / 1e3, flops / us / 1e6, msg or "ok")
                 rows.append(row)
@@ -119,7 +128,16 @@ def parts_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tu
                 return module.mla_decode(q, kv, table, lens, schedule=schedule, return_lse=True)
 
             out, lse = call()
-            _, _, msg = check(module, q, kv, table, lens, out, lse, max_len)
+            msg = checked_call(
+                module,
+                lambda schedule=schedule, out=out, lse=lse: module.mla_decode(
+                    q, kv, table, lens, schedule=schedule, out=out, lse=lse
+                ),
+                (q, kv, table, lens, None),
+                max_len,
+                out,
+                lse,
+            )
             us = min(median_ms(call, rep=100), time_graph(call)) * 1e3
             row = (
                 case.name,
