@@ -11,6 +11,7 @@ for pins in requirements/triton-*.txt; do
   [ "$version" = "3.6" ] || venv=.venv-triton$version
   echo "== triton $version ($venv) =="
   if ! bash scripts/setup.sh "$version"; then
+    df -h . >&2  # each environment takes ~2 GB: a full disk is the usual cause
     failed+=("$version (setup)")
     continue
   fi
