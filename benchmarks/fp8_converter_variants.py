@@ -1,0 +1,172 @@
+"""fp8-cache Gluon decode: source variants of the converting producer against the shipped kernel and the bf16
+cache, in one process, every variant checked against the reference (NaN-poisoned outputs) before it is timed
+(dev tool, H100).
+
+    python benchmarks/fp8_converter_variants.py [--only H128] [--variants evict_first,regs88] [--out DIR]
+
+A variant is a set of text edits to the generated fp8 module (each edit must match exactly once, so a
+template change that moves the edited line fails loudly rather than timing the shipped kernel twice);
+variants joined by '+' apply together. Per case: bf16 (the module's own choice: Gluon on Hopper), then the
+fp8 module as shipped and each variant, all with their default schedules. do_bench medians; prints a table,
+writes fp8_converter_variants.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_decode import PAGE_SIZE, bytes_and_flops, make_inputs, module_for  # noqa: E402
+from fp8_decode_sweep import timed  # noqa: E402
+
+from mlagen_compiler import import_module_from_path  # noqa: E402
+
+_TILE_C = "tile_c = gl.load(rows_c[:, None] + offs_c[None, :], mask=ok_c[:, None], other=0.0)"
+_TILE_R = "tile_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)"
+
+#: the generated module defines its Gluon kernels one level in (under the import guard)
+_CONVERTER = "    @gluon.jit\n    def _gluon_producer_convert("
+#: 16 consecutive fp8 of a thread in one 16-byte load that allocates no L1 line (Triton's loads cannot say
+#: L1::no_allocate; `.cg` is a strong load), zeros where the row is masked off (a row's 16 elements share
+#: their mask: $20 holds the first four mask bytes)
+_LOAD_NO_ALLOCATE = """@gluon.jit
+def _gluon_load_no_allocate(ptrs, mask):
+    return gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.b32 p, $20, 0; mov.b32 $0, 0; mov.b32 $1, 0; mov.b32 $2, 0; mov.b32 $3, 0; "
+        "@p ld.global.nc.L1::no_allocate.v4.b32 {$0, $1, $2, $3}, [$4]; }",
+        "=r,=r,=r,=r,l,l,l,l,l,l,l,l,l,l,l,l,l,l,l,l,r,r,r,r", [ptrs, mask.to(gl.uint8)], dtype=gl.uint8,
+        is_pure=True, pack=16)
+
+
+"""
+
+#: name -> (why, [(text, replacement)]): edits of the generated fp8 module
+VARIANTS = {
+    "evict_first": (
+        "the converter's row loads marked L1 evict-first (LDG.E.EF.128): the streamed cache rows leave L1 to the "
+        "softmax warpgroup's spills (ncu: 4% L1 hits with fp8, 41% with bf16)",
+        [
+            (_TILE_C, _TILE_C[:-1] + ', eviction_policy="evict_first")'),
+            (_TILE_R, _TILE_R[:-1] + ', eviction_policy="evict_first")'),
+        ],
+    ),
+    "no_allocate": (
+        "the converter's row loads as ld.global.nc.L1::no_allocate (inline PTX): rows never take L1 lines, "
+        "so the softmax warpgroup's spill slots may stay there (the no-load probe ran at the bf16 speed)",
+        [
+            (_CONVERTER, textwrap.indent(_LOAD_NO_ALLOCATE, "    ") + _CONVERTER),
+            (
+                _TILE_C,
+                "tile_c = _gluon_load_no_allocate(rows_c[:, None] + offs_c[None, :], "
+                "gl.broadcast(ok_c[:, None], offs_c[None, :])[0])",
+            ),
+            (
+                _TILE_R,
+                "tile_r = _gluon_load_no_allocate(rows_r[:, None] + (DC + offs_r)[None, :], "
+                "gl.broadcast(ok_r[:, None], offs_r[None, :])[0])",
+            ),
+        ],
+    ),
+    "regs88": (
+        "converter 104 -> 88 registers, so the softmax warpgroup gets 248 instead of 232 (offline SASS: its two "
+        "inner loops' LDL 18/20 -> 10/11; the converter's loop then spills 3 STL / 6-8 LDL)",
+        [("DECODE_GLUON_CONVERT_REGS = 104", "DECODE_GLUON_CONVERT_REGS = 88")],
+    ),
+}
+
+#: (name, bundled spec, heads, lengths)
+CASES = [
+    ("H128 B128 S8192", "deepseek-v3-tp1", 128, [8192] * 128),
+    ("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
+]
+
+
+def variant_module(module, names: list[str], folder: Path):
+    """The fp8 module with the edits of every variant in `names` applied, imported from its own file."""
+    source = Path(module.__file__).read_text()
+    for name in names:
+        for text, replacement in VARIANTS[name][1]:
+            count = source.count(text)
+            if count != 1:
+                raise ValueError(f"variant {name}: expected one {text!r} in {module.__file__}, found {count}")
+            source = source.replace(text, replacement)
+    path = folder / f"{Path(module.__file__).stem}__{'_'.join(names)}.py"
+    path.write_text(source)
+    return import_module_from_path(path)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="", help="cases whose name contains one of these (a,b,...)")
+    parser.add_argument(
+        "--variants",
+        default="no_allocate,evict_first,regs88",
+        help=f"comma-separated; '+' combines ({', '.join(VARIANTS)})",
+    )
+    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    args = parser.parse_args()
+    variants = [v.split("+") for v in args.variants.split(",") if v]
+    unknown = sorted({n for names in variants for n in names} - VARIANTS.keys())
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {sorted(VARIANTS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    tmp = args.out / "modules"
+    tmp.mkdir(exist_ok=True)
+    gen = torch.Generator().manual_seed(11)
+    print(
+        f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%dT%H:%M}Z, page {PAGE_SIZE}",
+        flush=True,
+    )
+    for name, (why, _) in VARIANTS.items():
+        print(f"# {name}: {why}")
+    rows = []
+    only = [s for s in args.only.split(",") if s]
+    for case, spec, heads, seqlens in CASES:
+        if only and not any(s in case for s in only):
+            continue
+        max_len = max(seqlens)
+        bf16 = module_for(spec, heads, tmp, "bf16")
+        q, kv, table, lens, _ = make_inputs(bf16, seqlens, 1, gen)
+        bf16_us, config, msg = timed(bf16, q, kv, table, lens, None, max_len)
+        rows.append((case, "bf16", config, bf16_us, bf16_us, msg, bytes_and_flops(bf16, seqlens, 1)[0]))
+        print(rows[-1], flush=True)
+        del kv
+        fp8 = module_for(spec, heads, tmp, "fp8")
+        q, kv, table, lens, kv_scale = make_inputs(fp8, seqlens, 1, gen)
+        nbytes = bytes_and_flops(fp8, seqlens, 1)[0]
+        for names in [[]] + variants:
+            label = "fp8 " + ("+".join(names) or "shipped")
+            try:
+                module = variant_module(fp8, names, tmp) if names else fp8
+                us, text, msg = timed(module, q, kv, table, lens, kv_scale, max_len)
+            except Exception as exc:  # a variant that does not compile is reported, not fatal
+                us, text, msg = float("nan"), "", f"{type(exc).__name__}: {exc}"[:200]
+            rows.append((case, label, text, us, bf16_us, msg, nbytes))
+            print(rows[-1], flush=True)
+        del kv
+        torch.cuda.empty_cache()
+    print("\n| case | cache | config | µs | vs bf16 | GB/s | ok |\n|---|---|---|---|---|---|---|")
+    for case, label, text, us, bf16_us, msg, nbytes in rows:
+        print(
+            f"| {case} | {label} | {text} | {us:.1f} | {us / bf16_us:.2f}x | {nbytes / (us * 1e-6) / 1e9:.0f} | "
+            f"{'yes' if not msg else 'NO: ' + msg} |"
+        )
+    keys = ("case", "cache", "config", "us", "bf16_us", "error", "bytes")
+    (args.out / "fp8_converter_variants.json").write_text(
+        json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=1)
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,57 @@
+"""The device benchmarks' offline helpers, on synthetic inputs (CPU only)."""
+
+import csv
+import io
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+
+import sass_partitions  # noqa: E402
+
+_COLUMNS = [
+    "Address",
+    "Source",
+    "Warp Stall Sampling (All Samples)",
+    "Instructions Executed",
+    "L2 Theoretical Sectors Local",
+    "stall_long_sb",
+    "stall_wait",
+    "stall_long_sb (Not Issued)",
+]
+
+
+def _ncu_csv(tmp_path: Path, rows: list[tuple[str, str, int, int, int, int]]) -> Path:
+    """ncu's source-page CSV: a kernel-name line, the header, one line per SASS instruction."""
+    text = io.StringIO()
+    text.write('"Kernel Name","_mla_decode_gluon_kernel",\n')
+    writer = csv.writer(text, quoting=csv.QUOTE_ALL)
+    writer.writerow(_COLUMNS)
+    for address, source, samples, executed, sectors, long_sb in rows:
+        writer.writerow([address, source, samples, f"{executed:,}", sectors, long_sb, samples - long_sb, 0])
+    path = tmp_path / "src.csv"
+    path.write_text(text.getvalue())
+    return path
+
+
+def test_instructions_are_counted_per_warp_specialized_partition(tmp_path):
+    path = _ncu_csv(
+        tmp_path,
+        [
+            ("0x00", "      LDC R1, c[0x0][0x28]", 1, 10, 0, 0),
+            ("0x10", "      USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa8", 0, 4, 0, 0),
+            ("0x20", "      HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", 5, 7, 0, 3),
+            ("0x30", "      USETMAXREG.DEALLOC.CTAPOOL 0xe8", 0, 4, 0, 0),
+            ("0x40", "  @!P0 LDL.64 R198, [R1+0x30]", 8, 100, 800, 6),
+            ("0x50", "      STL [R1+0xcc], R14", 2, 40, 160, 0),
+            ("0x60", "      LDG.E.128 R4, desc[UR6][R2.64]", 3, 9, 0, 3),
+        ],
+    )
+    parts, spills = sass_partitions.partitions(sass_partitions.read_rows(path))
+    assert [p.name for p in parts] == ["prologue", "try_alloc 168 regs @0x10", "dealloc 232 regs @0x30"]
+    softmax = parts[2]
+    assert (softmax.spill_loads, softmax.spill_stores, softmax.local_sectors) == (100, 40, 960)
+    assert (softmax.global_loads, softmax.executed, softmax.samples) == (9, 153, 13)
+    assert softmax.stalls["long_sb"] == 9 and "long_sb (Not Issued)" not in softmax.stalls
+    assert parts[1].mmas == 7 and parts[1].spill_loads == 0
+    assert sorted(executed for executed, *_ in spills) == [40, 100]
