@@ -55,3 +55,16 @@ def test_instructions_are_counted_per_warp_specialized_partition(tmp_path):
     assert softmax.stalls["long_sb"] == 9 and "long_sb (Not Issued)" not in softmax.stalls
     assert parts[1].mmas == 7 and parts[1].spill_loads == 0
     assert sorted(executed for executed, *_ in spills) == [40, 100]
+
+
+def test_every_fp8_converter_variant_edits_the_bundled_fp8_modules_once():
+    """fp8_converter_variants.py times text edits of generated modules; a template change that moves an edited
+    line must fail here, not at the device."""
+    import fp8_converter_variants
+
+    root = Path(__file__).resolve().parent.parent / "generated"
+    for module in ("deepseek_v3_tp8_fp8.py", "mistral_small_4_fp8.py"):
+        source = (root / module).read_text()
+        for name, (_, edits) in fp8_converter_variants.VARIANTS.items():
+            for text, _replacement in edits:
+                assert source.count(text) == 1, (module, name, text)
