@@ -130,7 +130,9 @@ def test_unusable_cache_directory_is_one_line_naming_the_variable(tmp_path, monk
     assert blocker.read_text() == "keep me"  # the user's file is never touched
 
 
-@pytest.mark.parametrize("name", ["MLAGEN_RAW_LAUNCH", "MLAGEN_DECODE_TMA", "MLAGEN_DIRECT_LAUNCH"])
+@pytest.mark.parametrize(
+    "name", ["MLAGEN_RAW_LAUNCH", "MLAGEN_DECODE_TMA", "MLAGEN_DIRECT_LAUNCH", "MLAGEN_DECODE_PDL"]
+)
 def test_module_switches_take_0_or_1_and_name_a_wrong_value(name):
     """A generated module's on/off environment variables: "0" / "1" import; anything else (e.g. "off", which
     would otherwise silently mean on) is a ValueError naming the variable and the value."""
