@@ -2,12 +2,14 @@
 cache, in one process, every variant checked against the reference (NaN-poisoned outputs) before it is timed
 (dev tool, H100).
 
-    python benchmarks/fp8_converter_variants.py [--only H128] [--variants evict_first,regs88] [--out DIR]
+    python benchmarks/fp8_converter_variants.py [--only H128] [--variants pv160,n32s4] [--bf16-variants n32s4]
+        [--out DIR]
 
 A variant is a set of text edits to the generated fp8 module (each edit must match exactly once, so a
 template change that moves the edited line fails loudly rather than timing the shipped kernel twice);
 variants joined by '+' apply together. Per case: bf16 (the module's own choice: Gluon on Hopper), then the
-fp8 module as shipped and each variant, all with their default schedules. do_bench medians; prints a table,
+fp8 module as shipped and each variant, all with their default schedules; --bf16-variants applies edits to the
+bf16 module too (n32s4, n32s3). do_bench medians; prints a table,
 writes fp8_converter_variants.json.
 """
 
@@ -81,12 +83,31 @@ VARIANTS = {
         "inner loops' LDL 18/20 -> 10/11; the converter's loop then spills 3 STL / 6-8 LDL)",
         [("DECODE_GLUON_CONVERT_REGS = 104", "DECODE_GLUON_CONVERT_REGS = 88")],
     ),
+    "regs96": (
+        "converter 104 -> 96 registers, softmax warpgroup 232 -> 240",
+        [("DECODE_GLUON_CONVERT_REGS = 104", "DECODE_GLUON_CONVERT_REGS = 96")],
+    ),
+    "pv160": (
+        "P @ V warpgroup 168 -> 160 registers, softmax warpgroup +8 (with regs88: 256, whose inner loops then "
+        "load 7 spilled values a block instead of 18-20; offline SASS)",
+        [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=160,")],
+    ),
+    "n32s4": (
+        "32-position cache blocks in a ring of 4 stages (shared memory as for 64 x 2): a stage frees after half "
+        "the work; runs are cut in 32-position blocks",
+        [("DECODE_GLUON_BLOCK_N = 64", "DECODE_GLUON_BLOCK_N = 32"), ("STAGES=schedule.config[2],", "STAGES=4,")],
+    ),
+    "n32s3": (
+        "32-position cache blocks in a ring of 3 stages",
+        [("DECODE_GLUON_BLOCK_N = 64", "DECODE_GLUON_BLOCK_N = 32"), ("STAGES=schedule.config[2],", "STAGES=3,")],
+    ),
 }
 
 #: (name, bundled spec, heads, lengths)
 CASES = [
     ("H128 B128 S8192", "deepseek-v3-tp1", 128, [8192] * 128),
     ("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
+    ("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64),
 ]
 
 
@@ -109,13 +130,15 @@ def main() -> int:
     parser.add_argument("--only", default="", help="cases whose name contains one of these (a,b,...)")
     parser.add_argument(
         "--variants",
-        default="no_allocate,evict_first,regs88",
+        default="pv160,n32s4",
         help=f"comma-separated; '+' combines ({', '.join(VARIANTS)})",
     )
+    parser.add_argument("--bf16-variants", default="", help="variants of the bf16 module, as --variants")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = parser.parse_args()
     variants = [v.split("+") for v in args.variants.split(",") if v]
-    unknown = sorted({n for names in variants for n in names} - VARIANTS.keys())
+    bf16_variants = [v.split("+") for v in args.bf16_variants.split(",") if v]
+    unknown = sorted({n for names in variants + bf16_variants for n in names} - VARIANTS.keys())
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {sorted(VARIANTS)}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -140,6 +163,14 @@ def main() -> int:
         bf16_us, config, msg = timed(bf16, q, kv, table, lens, None, max_len)
         rows.append((case, "bf16", config, bf16_us, bf16_us, msg, bytes_and_flops(bf16, seqlens, 1)[0]))
         print(rows[-1], flush=True)
+        for names in bf16_variants:
+            try:
+                module = variant_module(bf16, names, tmp)
+                us, text, msg = timed(module, q, kv, table, lens, None, max_len)
+            except Exception as exc:  # a variant that does not compile is reported, not fatal
+                us, text, msg = float("nan"), "", f"{type(exc).__name__}: {exc}"[:200]
+            rows.append((case, "bf16 " + "+".join(names), text, us, bf16_us, msg, rows[-1][-1]))
+            print(rows[-1], flush=True)
         del kv
         fp8 = module_for(spec, heads, tmp, "fp8")
         q, kv, table, lens, kv_scale = make_inputs(fp8, seqlens, 1, gen)

@@ -27,9 +27,14 @@ def main() -> int:
     parser.add_argument("--cache", default="bf16", choices=("bf16", "fp8"))
     parser.add_argument("--backend", default="gluon", choices=("gluon", "triton"))
     parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--variant", default="", help="fp8_converter_variants edits ('+'-joined) of the module")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         module = module_for(v3_spec(args.heads), args.heads, Path(tmp), args.cache)
+        if args.variant:
+            from fp8_converter_variants import variant_module
+
+            module = variant_module(module, args.variant.split("+"), Path(tmp))
         q, kv, table, lens, kv_scale = make_inputs(module, [args.seqlen] * args.batch, 1, torch.Generator())
         schedule = module.get_decode_schedule(args.batch, 1, q.device, backend=args.backend)
         extra = {} if kv_scale is None else {"kv_scale": kv_scale}

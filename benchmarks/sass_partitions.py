@@ -38,6 +38,8 @@ class Partition:
     mmas: int = 0
     samples: int = 0
     stalls: Counter = field(default_factory=Counter)
+    #: (stall samples, instruction, its largest stall reason) of every instruction
+    stalled: list = field(default_factory=list)
 
 
 def _number(text: str) -> int:
@@ -82,13 +84,16 @@ def partitions(rows: list[dict[str, str]]) -> tuple[list[Partition], list[tuple[
             current.global_loads += executed
         if opcode.startswith("HGMMA"):
             current.mmas += executed
-        current.samples += _number(row["Warp Stall Sampling (All Samples)"])
-        for column in stall_columns:
-            current.stalls[column[len("stall_") :]] += _number(row[column])
+        samples = _number(row["Warp Stall Sampling (All Samples)"])
+        current.samples += samples
+        reasons = Counter({column[len("stall_") :]: _number(row[column]) for column in stall_columns})
+        current.stalls.update(reasons)
+        if samples:
+            current.stalled.append((samples, text, reasons.most_common(1)[0][0] if reasons else ""))
     return [p for p in parts if p.instructions], spills
 
 
-def report(path: Path, top: int) -> None:
+def report(path: Path, top: int, stalled: int = 0) -> None:
     parts, spills = partitions(read_rows(path))
     total_samples = sum(p.samples for p in parts) or 1
     print(f"\n## {path}\n")
@@ -98,7 +103,7 @@ def report(path: Path, top: int) -> None:
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for p in parts:
-        reasons = ", ".join(f"{name} {count / (p.samples or 1):.0%}" for name, count in p.stalls.most_common(3))
+        reasons = ", ".join(f"{name} {count / (p.samples or 1):.0%}" for name, count in p.stalls.most_common(5))
         print(
             f"| {p.name} | {p.instructions} | {p.executed:,} | {p.spill_loads:,} | {p.spill_stores:,} | "
             f"{p.local_sectors:,} | {p.global_loads:,} | {p.mmas:,} | {p.samples / total_samples:.0%} | {reasons} |"
@@ -110,15 +115,22 @@ def report(path: Path, top: int) -> None:
             f"| {executed:,} | {name} | `{text}` | {row['Warp Stall Sampling (All Samples)']} | "
             f"{row.get('L2 Theoretical Sectors Local', '')} |"
         )
+    for p in parts:
+        if stalled and p.samples >= 0.1 * total_samples:
+            print(f"\nmost stalled instructions of {p.name} (of {p.samples:,} samples):\n")
+            print("| samples | instruction | largest reason |\n|---|---|---|")
+            for samples, text, reason in sorted(p.stalled, key=lambda s: -s[0])[:stalled]:
+                print(f"| {samples:,} | `{text}` | {reason} |")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("csv", nargs="+", type=Path)
     parser.add_argument("--top", type=int, default=12, help="hottest spill instructions listed")
+    parser.add_argument("--stalled", type=int, default=0, help="most stalled instructions of each busy partition")
     args = parser.parse_args(argv)
     for path in args.csv:
-        report(path, args.top)
+        report(path, args.top, args.stalled)
     return 0
 
 

@@ -110,11 +110,14 @@ def module_for(build_module, problem):
     )
 
 
-def check_decode(module, device, problem, backend, calls=1):
+def check_decode(module, device, problem, backend, calls=1, cache_view=None):
+    """cache_view: None, or a function of the cache returning the cache the call reads (same values)."""
     g = torch.Generator().manual_seed(problem["seed"])
     inputs = make_decode_inputs(module, problem["seqlens"], problem["seqlen_q"], g, device)
     if problem.get("nan_unused"):
         poison_unused_cache(inputs)
+    if cache_view is not None:
+        inputs["kv_cache"] = cache_view(inputs["kv_cache"])
     batch, seqlen_q = len(problem["seqlens"]), problem["seqlen_q"]
     schedule = module.get_decode_schedule(
         batch,
@@ -182,6 +185,48 @@ def test_decode_every_page_size(build_module, device, backend, page_size, cache_
             seed=1000 * p + seqlen_q,
         )
         check_decode(module_for(build_module, problem), device, problem, backend)
+
+
+def rows_off_word_boundaries(cache: torch.Tensor) -> torch.Tensor:
+    """The cache copied into a view whose rows are one element longer than they are wide and whose first
+    element is one element past its storage's start (the gaps hold NaN): neither rows nor pages start on a
+    4-byte word."""
+    pages, page_size, one, width = cache.shape
+    storage = torch.empty(1 + pages * page_size * (width + 1), dtype=cache.dtype, device=cache.device)
+    if cache.element_size() == 1:
+        storage.view(torch.uint8).fill_(0x7F)  # e4m3 NaN
+    else:
+        storage.fill_(float("nan"))
+    view = storage[1:].view(pages, page_size, one, width + 1)[..., :width]
+    view.copy_(cache)
+    return view
+
+
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_decode_cache_rows_off_word_boundaries(build_module, device, backend, cache_dtype):
+    """A cache view whose rows and pages start off 4-byte words, with NaN in the gaps (no TMA boxes: the
+    Gluon kernel gathers or converts rows at any alignment): the same results. GPU only (under the
+    interpreter the portable kernel's loads take any stride, and the property test covers its layouts)."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the interpreter runs the portable kernel, whose loads take any stride")
+    require_backend(build_module, device, backend)
+    problem = dict(
+        heads=16,
+        dc=512,
+        dr=64,
+        page_size=64,
+        dtype="bfloat16",
+        cache_dtype=cache_dtype,
+        seqlen_q=2,
+        seqlens=[1, 63, 200, 0, 700],
+        num_parts=None,
+        min_blocks=None,
+        tma=True,
+        nan_unused=True,
+        seed=41,
+    )
+    check_decode(module_for(build_module, problem), device, problem, backend, cache_view=rows_off_word_boundaries)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
