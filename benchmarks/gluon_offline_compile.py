@@ -48,6 +48,7 @@ def compile_offline(
     gather: bool = False,
     fused_merge: bool = True,
     consumer_regs: int | None = None,
+    producer: str | None = None,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.runtime.driver import driver
@@ -62,7 +63,7 @@ def compile_offline(
     batch, heads = 4, module.NUM_HEADS
     q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
     scaled = module.CACHE_SCALED  # an fp8 cache: the converting producer, whatever the page size
-    producer = "convert" if scaled else "gather" if gather else "tma"
+    producer = producer or ("convert" if scaled else "gather" if gather else "tma")
     kv = torch.empty(64 * module.PAGE_SIZE, width, dtype=module.CACHE_DTYPE)
     q_desc_c, q_desc_r = module._gluon_descriptors(q, module.DECODE_GLUON_BLOCK_M)
     if scaled:
@@ -152,11 +153,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("module")
     parser.add_argument("--sq", type=int, default=1)
     parser.add_argument("--gather", action="store_true", help="the gathering producer (pages < 64)")
+    parser.add_argument(
+        "--producer",
+        choices=["tma", "gather", "convert"],
+        help="the producer kind (default: the launch's for a page of the module's size)",
+    )
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
     parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
     parser.add_argument("--regs", type=int, help="registers of the P @ V warpgroups (default: the module's)")
     args = parser.parse_args(argv)
-    result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel, args.regs)
+    result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel, args.regs, args.producer)
     kernel = result.pop("kernel")
     print(result)
     if args.dump:
