@@ -151,8 +151,8 @@ def main() -> int:
     for name, spec, heads, seqlens, seqlen_q in CASES:
         base = module_for(spec, heads, tmp, "bf16")
         q, kv, table, lens, _ = make_inputs(base, seqlens, seqlen_q, gen)
-        schedule = base.get_decode_schedule(len(seqlens), seqlen_q, q.device, backend="gluon", merge="kernel")
-        programs = schedule.row_blocks * schedule.num_parts
+        base_schedule = base.get_decode_schedule(len(seqlens), seqlen_q, q.device, backend="gluon", merge="kernel")
+        programs = base_schedule.row_blocks * base_schedule.num_parts
         stamps = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
         module = probed_module(base, stamps.data_ptr(), tmp)
         schedule = module.get_decode_schedule(len(seqlens), seqlen_q, q.device, backend="gluon", merge="kernel")
@@ -165,7 +165,8 @@ def main() -> int:
         call()
         _, _, msg = check(module, q, kv, table, lens, out, lse, max(seqlens), None)
         graph_us = triton.testing.do_bench_cudagraph(call, rep=200) * 1e3
-        plain_us = triton.testing.do_bench_cudagraph(lambda call=call, base=base: call(base), rep=200) * 1e3
+        plain = lambda c=call, m=base, s=base_schedule: c(m, schedule=s)  # noqa: E731
+        plain_us = triton.testing.do_bench_cudagraph(plain, rep=200) * 1e3
         stamps.zero_()
         call()
         torch.cuda.synchronize()
