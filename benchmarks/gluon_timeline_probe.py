@@ -40,6 +40,10 @@ MILESTONES = [
     "softmax wg stored",
     "P@V wg stored",
     "joined",
+    "softmax wg: row sums handed over",
+    "softmax wg: LSE stored",
+    "P@V wg: row sums received",
+    "softmax wg: last block done",
 ]
 SLOTS = 16
 
@@ -56,6 +60,8 @@ _STAMP = """    @gluon.jit
 """
 
 _KERNEL = "    @gluon.jit\n    def _mla_decode_gluon_kernel("
+#: a stamp on a partition's first piece only, at the indentation of a piece's body
+_FIRST_PIECE = "                if piece == 0:\n                    _probe_stamp({slot}, piece)\n"
 #: the end of a partition's store of its output half (the softmax and the P @ V warpgroup differ in `first`)
 _STORED = (
     "{first}, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,\n"
@@ -103,6 +109,24 @@ def probe_edits(address: int) -> list[tuple[str, str]]:
             _STORED.format(first="DC_HALF, kv_scale, stride_o_b"),
             _STORED.format(first="DC_HALF, kv_scale, stride_o_b") + "                if piece == 0:\n"
             "                    _probe_stamp(7, piece)\n",
+        ),
+        (
+            "                mbarrier.arrive(l_ready)\n",
+            "                mbarrier.arrive(l_ready)\n" + _FIRST_PIECE.format(slot=9),
+        ),
+        (
+            "                # every Q K^T of the piece has completed: the producer may load the next query tile\n",
+            "                if piece == 0:\n                    _probe_stamp(12, piece)\n"
+            "                # every Q K^T of the piece has completed: the producer may load the next query tile\n",
+        ),
+        (
+            "                _gluon_store_half(acc, l_i, OUT, O_PART, b, slot, row_block, final, 0, kv_scale,\n",
+            "                if piece == 0:\n                    _probe_stamp(10, piece)\n"
+            "                _gluon_store_half(acc, l_i, OUT, O_PART, b, slot, row_block, final, 0, kv_scale,\n",
+        ),
+        (
+            "                mbarrier.arrive(l_free)\n",
+            "                mbarrier.arrive(l_free)\n" + _FIRST_PIECE.format(slot=11),
         ),
         (
             "        ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])\n",
