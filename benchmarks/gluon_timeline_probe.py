@@ -161,7 +161,9 @@ CASES = [
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    parser.add_argument("--only", default="", help="cases whose name contains one of these (a,b,...)")
     args = parser.parse_args()
+    only = [text for text in args.only.split(",") if text]
     args.out.mkdir(parents=True, exist_ok=True)
     tmp = args.out / "modules"
     tmp.mkdir(exist_ok=True)
@@ -173,6 +175,8 @@ def main() -> int:
     )
     gen = torch.Generator().manual_seed(5)
     for name, spec, heads, seqlens, seqlen_q in CASES:
+        if only and not any(text in name for text in only):
+            continue
         base = module_for(spec, heads, tmp, "bf16")
         q, kv, table, lens, _ = make_inputs(base, seqlens, seqlen_q, gen)
         base_schedule = base.get_decode_schedule(len(seqlens), seqlen_q, q.device, backend="gluon", merge="kernel")
