@@ -44,6 +44,9 @@ MILESTONES = [
     "softmax wg: LSE stored",
     "P@V wg: row sums received",
     "softmax wg: last block done",
+    "softmax wg store: row sums in the output layout",
+    "softmax wg store: rows divided",
+    "softmax wg store: stores issued",
 ]
 SLOTS = 16
 
@@ -127,6 +130,21 @@ def probe_edits(address: int) -> list[tuple[str, str]]:
         (
             "                mbarrier.arrive(l_free)\n",
             "                mbarrier.arrive(l_free)\n" + _FIRST_PIECE.format(slot=11),
+        ),
+        (
+            "        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))\n",
+            "        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))\n"
+            "        if col0 == 0:\n            _probe_stamp(13, gl.sum(l_o, 0))\n",
+        ),
+        (
+            "        mask = (rows < SQ * H)[:, None] & (cols >= 0)[None, :]\n",
+            "        mask = (rows < SQ * H)[:, None] & (cols >= 0)[None, :]\n"
+            "        if col0 == 0:\n            _probe_stamp(14, gl.sum(gl.sum(out, 1), 0))\n",
+        ),
+        (
+            "            gl.store(op_rows[:, None] + cols[None, :], out, mask=mask)\n",
+            "            gl.store(op_rows[:, None] + cols[None, :], out, mask=mask)\n"
+            "        if col0 == 0:\n            _probe_stamp(15, b)\n",
         ),
         (
             "        ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])\n",
