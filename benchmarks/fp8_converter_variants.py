@@ -92,6 +92,16 @@ VARIANTS = {
         "load 7 spilled values a block instead of 18-20; offline SASS)",
         [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=160,")],
     ),
+    "recip": (
+        "the output rows scaled by 1 / l (one division a row) instead of divided by l (an IEEE division an "
+        "element: ~5 instructions each, 640 a thread in each warpgroup's epilogue)",
+        [
+            (
+                "out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]",
+                "out = acc * (1.0 / gl.where(l_o > 0.0, l_o, 1.0))[:, None]",
+            )
+        ],
+    ),
     "n32s4": (
         "32-position cache blocks in a ring of 4 stages (shared memory as for 64 x 2): a stage frees after half "
         "the work; runs are cut in 32-position blocks",

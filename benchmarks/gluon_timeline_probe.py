@@ -180,6 +180,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--only", default="", help="cases whose name contains one of these (a,b,...)")
+    parser.add_argument("--variant", default="", help="fp8_converter_variants edits ('+'-joined) of the module")
     args = parser.parse_args()
     only = [text for text in args.only.split(",") if text]
     args.out.mkdir(parents=True, exist_ok=True)
@@ -196,6 +197,10 @@ def main() -> int:
         if only and not any(text in name for text in only):
             continue
         base = module_for(spec, heads, tmp, "bf16")
+        if args.variant:
+            from fp8_converter_variants import variant_module
+
+            base = variant_module(base, args.variant.split("+"), tmp)
         q, kv, table, lens, _ = make_inputs(base, seqlens, seqlen_q, gen)
         base_schedule = base.get_decode_schedule(len(seqlens), seqlen_q, q.device, backend="gluon", merge="kernel")
         programs = base_schedule.row_blocks * base_schedule.num_parts
