@@ -92,13 +92,13 @@ VARIANTS = {
         "load 7 spilled values a block instead of 18-20; offline SASS)",
         [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=160,")],
     ),
-    "recip": (
-        "the output rows scaled by 1 / l (one division a row) instead of divided by l (an IEEE division an "
-        "element: ~5 instructions each, 640 a thread in each warpgroup's epilogue)",
+    "ieee_div": (
+        "the Gluon kernel's output rows divided by l element by element (an IEEE division each, ~5 instructions), "
+        "as before 2026-11-23 08:30 UTC, instead of multiplied by 1 / l",
         [
             (
-                "out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]",
                 "out = acc * (1.0 / gl.where(l_o > 0.0, l_o, 1.0))[:, None]",
+                "out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]",
             )
         ],
     ),
