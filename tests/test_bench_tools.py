@@ -55,6 +55,31 @@ def test_instructions_are_counted_per_warp_specialized_partition(tmp_path):
     assert softmax.stalls["long_sb"] == 9 and "long_sb (Not Issued)" not in softmax.stalls
     assert parts[1].mmas == 7 and parts[1].spill_loads == 0
     assert sorted(executed for executed, *_ in spills) == [40, 100]
+    # each instruction's stall samples and its largest reason, for the most stalled list
+    assert sorted(softmax.stalled, reverse=True) == [
+        (8, "@!P0 LDL.64 R198, [R1+0x30]", "long_sb"),
+        (3, "LDG.E.128 R4, desc[UR6][R2.64]", "long_sb"),
+        (2, "STL [R1+0xcc], R14", "wait"),
+    ]
+
+
+def test_the_report_lists_the_most_stalled_instructions_of_busy_partitions(tmp_path, capsys):
+    path = _ncu_csv(
+        tmp_path,
+        [
+            ("0x10", "      USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa8", 0, 4, 0, 0),
+            ("0x20", "      HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", 1, 7, 0, 0),
+            ("0x30", "      USETMAXREG.DEALLOC.CTAPOOL 0xe8", 0, 4, 0, 0),
+            ("0x40", "      LDL.64 R198, [R1+0x30]", 30, 100, 800, 25),
+            ("0x50", "      FMUL R4, R4, R5", 10, 40, 0, 0),
+        ],
+    )
+    sass_partitions.report(path, top=1, stalled=1)
+    text = capsys.readouterr().out
+    # the 168-register partition holds 1 of 41 samples (< 10%): no list of its own
+    assert "most stalled instructions of dealloc 232 regs @0x30 (of 40 samples)" in text
+    assert "| 30 | `LDL.64 R198, [R1+0x30]` | long_sb |" in text
+    assert "FMUL" not in text.split("most stalled")[1] and "most stalled instructions of try_alloc" not in text
 
 
 def test_every_fp8_converter_variant_edits_the_bundled_fp8_modules_once():

@@ -206,10 +206,10 @@ def rows_off_word_boundaries(cache: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_decode_cache_rows_off_word_boundaries(build_module, device, backend, cache_dtype):
     """A cache view whose rows and pages start off 4-byte words, with NaN in the gaps (no TMA boxes: the
-    Gluon kernel gathers or converts rows at any alignment): the same results. GPU only (under the
-    interpreter the portable kernel's loads take any stride, and the property test covers its layouts)."""
+    Gluon kernel gathers or converts rows at any alignment): the same results. GPU only: it is about the
+    Gluon producers' paths, and under the interpreter (the portable kernel only) this geometry takes minutes."""
     if device.type != "cuda":
-        pytest.skip("GPU only: the interpreter runs the portable kernel, whose loads take any stride")
+        pytest.skip("GPU only: the Gluon producers' paths; the interpreter runs the portable kernel only")
     require_backend(build_module, device, backend)
     problem = dict(
         heads=16,
