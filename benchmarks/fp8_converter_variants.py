@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import sys
 import textwrap
@@ -28,7 +27,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import PAGE_SIZE, bytes_and_flops, make_inputs, module_for  # noqa: E402
-from fp8_decode_sweep import timed  # noqa: E402
+from fp8_decode_sweep import report, timed  # noqa: E402
 
 from mlagen_compiler import import_module_from_path  # noqa: E402
 
@@ -121,18 +120,35 @@ CASES = [
 ]
 
 
-def variant_module(module, names: list[str], folder: Path):
-    """The fp8 module with the edits of every variant in `names` applied, imported from its own file."""
+def edited_module(module, edits: list[tuple[str, str]], folder: Path, suffix: str):
+    """A copy of a generated module with text edits applied, imported from its own file `<stem>__<suffix>.py`.
+    Each edit's text must occur exactly once, so a template change that moves an edited line fails here."""
     source = Path(module.__file__).read_text()
-    for name in names:
-        for text, replacement in VARIANTS[name][1]:
-            count = source.count(text)
-            if count != 1:
-                raise ValueError(f"variant {name}: expected one {text!r} in {module.__file__}, found {count}")
-            source = source.replace(text, replacement)
-    path = folder / f"{Path(module.__file__).stem}__{'_'.join(names)}.py"
+    for text, replacement in edits:
+        count = source.count(text)
+        if count != 1:
+            raise ValueError(f"{suffix}: expected one {text!r} in {module.__file__}, found {count}")
+        source = source.replace(text, replacement)
+    path = folder / f"{Path(module.__file__).stem}__{suffix}.py"
     path.write_text(source)
     return import_module_from_path(path)
+
+
+def variant_module(module, names: list[str], folder: Path):
+    """The module with the edits of every variant in `names` applied."""
+    unknown = [name for name in names if name not in VARIANTS]
+    if unknown:
+        raise ValueError(f"variant: unknown {unknown}; known: {sorted(VARIANTS)}")
+    return edited_module(module, [edit for name in names for edit in VARIANTS[name][1]], folder, "_".join(names))
+
+
+def timed_variant(module, names: list[str], folder: Path, *inputs) -> tuple[float, str, str]:
+    """timed() of a variant of the module (the module itself for no names); a variant that does not compile
+    is reported in the message, not raised."""
+    try:
+        return timed(variant_module(module, names, folder) if names else module, *inputs)
+    except Exception as exc:
+        return float("nan"), "", f"{type(exc).__name__}: {exc}"[:200]
 
 
 def main() -> int:
@@ -174,11 +190,7 @@ def main() -> int:
         rows.append((case, "bf16", config, bf16_us, bf16_us, msg, bytes_and_flops(bf16, seqlens, 1)[0]))
         print(rows[-1], flush=True)
         for names in bf16_variants:
-            try:
-                module = variant_module(bf16, names, tmp)
-                us, text, msg = timed(module, q, kv, table, lens, None, max_len)
-            except Exception as exc:  # a variant that does not compile is reported, not fatal
-                us, text, msg = float("nan"), "", f"{type(exc).__name__}: {exc}"[:200]
+            us, text, msg = timed_variant(bf16, names, tmp, q, kv, table, lens, None, max_len)
             rows.append((case, "bf16 " + "+".join(names), text, us, bf16_us, msg, rows[-1][-1]))
             print(rows[-1], flush=True)
         del kv
@@ -187,25 +199,12 @@ def main() -> int:
         nbytes = bytes_and_flops(fp8, seqlens, 1)[0]
         for names in [[]] + variants:
             label = "fp8 " + ("+".join(names) or "shipped")
-            try:
-                module = variant_module(fp8, names, tmp) if names else fp8
-                us, text, msg = timed(module, q, kv, table, lens, kv_scale, max_len)
-            except Exception as exc:  # a variant that does not compile is reported, not fatal
-                us, text, msg = float("nan"), "", f"{type(exc).__name__}: {exc}"[:200]
+            us, text, msg = timed_variant(fp8, names, tmp, q, kv, table, lens, kv_scale, max_len)
             rows.append((case, label, text, us, bf16_us, msg, nbytes))
             print(rows[-1], flush=True)
         del kv
         torch.cuda.empty_cache()
-    print("\n| case | cache | config | µs | vs bf16 | GB/s | ok |\n|---|---|---|---|---|---|---|")
-    for case, label, text, us, bf16_us, msg, nbytes in rows:
-        print(
-            f"| {case} | {label} | {text} | {us:.1f} | {us / bf16_us:.2f}x | {nbytes / (us * 1e-6) / 1e9:.0f} | "
-            f"{'yes' if not msg else 'NO: ' + msg} |"
-        )
-    keys = ("case", "cache", "config", "us", "bf16_us", "error", "bytes")
-    (args.out / "fp8_converter_variants.json").write_text(
-        json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=1)
-    )
+    report(rows, args.out / "fp8_converter_variants.json")
     return 0
 
 

@@ -57,6 +57,18 @@ def timed(module, q, kv, table, lens, kv_scale, max_len, **schedule_args) -> tup
     return median_ms(call) * 1e3, config, msg
 
 
+def report(rows: list[tuple], path: Path) -> None:
+    """Print rows (case, cache, config, µs, bf16 µs, error, bytes) as a table and write them to `path` as JSON."""
+    print("\n| case | cache | config | µs | vs bf16 | GB/s | ok |\n|---|---|---|---|---|---|---|")
+    for name, label, text, us, bf16_us, msg, nbytes in rows:
+        print(
+            f"| {name} | {label} | {text} | {us:.1f} | {us / bf16_us:.2f}x | {nbytes / (us * 1e-6) / 1e9:.0f} | "
+            f"{'yes' if not msg else 'NO: ' + msg} |"
+        )
+    keys = ("case", "cache", "config", "us", "bf16_us", "error", "bytes")
+    path.write_text(json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, help="a folder of generated fp8 modules of an earlier build")
@@ -108,14 +120,7 @@ def main() -> int:
                 print(rows[-1], flush=True)
         del kv
         torch.cuda.empty_cache()
-    print("\n| case | cache | config | µs | vs bf16 | GB/s | ok |\n|---|---|---|---|---|---|---|")
-    for name, label, text, us, bf16_us, msg, nbytes in rows:
-        print(
-            f"| {name} | {label} | {text} | {us:.1f} | {us / bf16_us:.2f}x | {nbytes / (us * 1e-6) / 1e9:.0f} | "
-            f"{'yes' if not msg else 'NO: ' + msg} |"
-        )
-    keys = ("case", "cache", "config", "us", "bf16_us", "error", "bytes")
-    (args.out / "fp8_sweep.json").write_text(json.dumps([dict(zip(keys, r, strict=True)) for r in rows], indent=1))
+    report(rows, args.out / "fp8_sweep.json")
     return 0
 
 

@@ -26,9 +26,8 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import make_inputs, module_for  # noqa: E402
+from fp8_converter_variants import edited_module, variant_module  # noqa: E402
 from fp8_decode_sweep import check  # noqa: E402
-
-from mlagen_compiler import import_module_from_path  # noqa: E402
 
 MILESTONES = [
     "entry",
@@ -155,15 +154,7 @@ def probe_edits(address: int) -> list[tuple[str, str]]:
 
 def probed_module(module, address: int, folder: Path):
     """A copy of the module with the stamps."""
-    source = Path(module.__file__).read_text()
-    for text, replacement in probe_edits(address):
-        count = source.count(text)
-        if count != 1:
-            raise ValueError(f"probe edit: expected one {text!r}, found {count}")
-        source = source.replace(text, replacement)
-    path = folder / f"{Path(module.__file__).stem}__timeline_{address:x}.py"
-    path.write_text(source)
-    return import_module_from_path(path)
+    return edited_module(module, probe_edits(address), folder, f"timeline_{address:x}")
 
 
 #: (name, bundled spec, heads, lengths, seqlen_q)
@@ -198,8 +189,6 @@ def main() -> int:
             continue
         base = module_for(spec, heads, tmp, "bf16")
         if args.variant:
-            from fp8_converter_variants import variant_module
-
             base = variant_module(base, args.variant.split("+"), tmp)
         q, kv, table, lens, _ = make_inputs(base, seqlens, seqlen_q, gen)
         base_schedule = base.get_decode_schedule(len(seqlens), seqlen_q, q.device, backend="gluon", merge="kernel")

@@ -5,6 +5,8 @@ import io
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import sass_partitions  # noqa: E402
@@ -93,3 +95,23 @@ def test_every_fp8_converter_variant_edits_the_bundled_fp8_modules_once():
         for name, (_, edits) in fp8_converter_variants.VARIANTS.items():
             for text, _replacement in edits:
                 assert source.count(text) == 1, (module, name, text)
+
+
+def test_module_edits_must_match_once_and_variants_must_exist(tmp_path):
+    """A module edit that matches zero or two times, or an unknown variant name, is a ValueError naming it;
+    a clean edit gives an imported copy with the replacement."""
+    import types
+
+    import fp8_converter_variants
+
+    path = tmp_path / "generated_like.py"
+    path.write_text("VALUE = 1\nOTHER = 1\n")
+    module = types.SimpleNamespace(__file__=str(path))
+    copy = fp8_converter_variants.edited_module(module, [("VALUE = 1", "VALUE = 2")], tmp_path, "edit")
+    assert (copy.VALUE, copy.OTHER) == (2, 1)
+    with pytest.raises(ValueError, match="expected one 'MISSING' .* found 0"):
+        fp8_converter_variants.edited_module(module, [("MISSING", "x")], tmp_path, "missing")
+    with pytest.raises(ValueError, match="found 2"):
+        fp8_converter_variants.edited_module(module, [(" = 1\n", " = 3\n")], tmp_path, "twice")
+    with pytest.raises(ValueError, match=r"unknown \['no_such_variant'\]"):
+        fp8_converter_variants.variant_module(module, ["no_such_variant"], tmp_path)
