@@ -101,6 +101,19 @@ VARIANTS = {
             )
         ],
     ),
+    "convert": (
+        "every block loaded row by row by the converting producer (the choice before the landing producer) where "
+        "the landing producer would take it (Sq * H <= 32, pages of whole blocks)",
+        [("if CACHE_SCALED and boxes and query_rows <= DECODE_GLUON_LAND_ROWS:", "if False:")],
+    ),
+    "land72": (
+        "the landing producer at 72 registers instead of 80",
+        [("DECODE_GLUON_LAND_REGS = 80", "DECODE_GLUON_LAND_REGS = 72")],
+    ),
+    "land96": (
+        "the landing producer at 96 registers instead of 80 (the softmax warpgroup 16 fewer)",
+        [("DECODE_GLUON_LAND_REGS = 80", "DECODE_GLUON_LAND_REGS = 96")],
+    ),
     "n32s4": (
         "32-position cache blocks in a ring of 4 stages (shared memory as for 64 x 2): a stage frees after half "
         "the work; runs are cut in 32-position blocks",
@@ -117,6 +130,7 @@ CASES = [
     ("H128 B128 S8192", "deepseek-v3-tp1", 128, [8192] * 128),
     ("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
     ("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64),
+    ("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128),
 ]
 
 

@@ -8,7 +8,8 @@ errors and register spills without device time.
 
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
 
-An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles its converting producer (--gather is implied).
+An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles the producer its launch would choose for --sq (the
+landing producer where Sq * H <= 32, else the converting one); --producer picks one.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def compile_offline(
     producer: str | None = None,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
+    from triton.experimental.gluon import language as gl
     from triton.runtime.driver import driver
 
     os.environ.pop("TRITON_INTERPRET", None)
@@ -62,14 +64,11 @@ def compile_offline(
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     batch, heads = 4, module.NUM_HEADS
     q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
-    scaled = module.CACHE_SCALED  # an fp8 cache: the converting producer, whatever the page size
-    producer = producer or ("convert" if scaled else "gather" if gather else "tma")
-    kv = torch.empty(64 * module.PAGE_SIZE, width, dtype=module.CACHE_DTYPE)
-    q_desc_c, q_desc_r = module._gluon_descriptors(q, module.DECODE_GLUON_BLOCK_M)
-    if scaled:
-        kv_desc_c, kv_desc_r = q_desc_c, q_desc_r
-    else:
-        kv_desc_c, kv_desc_r = module._gluon_descriptors(kv, module.DECODE_GLUON_BLOCK_N)
+    scaled = module.CACHE_SCALED
+    kv = torch.empty(64, module.PAGE_SIZE, 1, width, dtype=module.CACHE_DTYPE)
+    if producer is None:  # the launch's choice (gather: a cache whose pages TMA cannot address)
+        producer, _, _ = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, seqlen_q * heads)
+    q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     i32 = torch.empty(16, dtype=torch.int32)
     f32 = torch.empty(16, dtype=torch.float32)
     out = torch.empty(16, dtype=module.DTYPE)
@@ -113,11 +112,15 @@ def compile_offline(
         STAGES=module.DECODE_GLUON_STAGES,
         P_LAYOUT=module._GLUON_LAYOUT_P,
         PRODUCER=producer,
+        ZERO_TAIL=producer in ("tma", "land"),
+        LAND_CHUNKS=module._GLUON_LAND_CHUNKS if producer == "land" else 1,
+        STAGE_DTYPE=gl.float16 if scaled else module._GLUON_DTYPE,
         PRODUCER_WARPS=1 if producer == "tma" else module.DECODE_GLUON_GATHER_WARPS,
         PRODUCER_REGS={
             "tma": module.DECODE_GLUON_PRODUCER_REGS,
             "gather": module.DECODE_GLUON_GATHER_REGS,
             "convert": module.DECODE_GLUON_CONVERT_REGS,
+            "land": module.DECODE_GLUON_LAND_REGS,
         }[producer],
         GATHER_COLS=module.DECODE_GLUON_GATHER_COLS,
         FUSED_MERGE=fused_merge,
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gather", action="store_true", help="the gathering producer (pages < 64)")
     parser.add_argument(
         "--producer",
-        choices=["tma", "gather", "convert"],
+        choices=["tma", "gather", "convert", "land"],
         help="the producer kind (default: the launch's for a page of the module's size)",
     )
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")

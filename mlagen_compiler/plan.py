@@ -137,10 +137,15 @@ class GluonDecodePlan:
     cache stages plus P must fit shared memory. Other geometries use the portable Triton kernel.
 
     An fp8 (float8_e4m3fn) cache: the stages still hold 16-bit rows (warpgroup MMAs take both operands in
-    one 16-bit type); a converting producer (``gather_warps`` warps, ``convert_regs`` registers) loads each
-    block's fp8 rows through the page table, any page size, in 16-byte vectors before waiting for its stage,
-    converts them to the query's dtype (exact) and stores them; kv_scale joins the softmax scale and
-    multiplies the finished rows. Half the bytes read from memory per block; the same MMAs and shared memory.
+    one 16-bit type), float16 ones (e4m3 -> float16 is one instruction a pair; a bfloat16 query is scaled
+    into float16 by a power of two, which joins the softmax scale); a converting producer (``gather_warps``
+    warps, ``convert_regs`` registers) loads each block's fp8 rows through the page table, any page size, in
+    16-byte vectors before waiting for its stage, converts them (exact) and stores them; kv_scale joins the
+    softmax scale and multiplies the finished rows. Half the bytes read from memory per block; the same MMAs
+    and shared memory.
+    Where the query takes at most ``land_rows`` (half the tile) and pages hold whole blocks, a landing
+    producer (``gather_warps`` warps, ``land_regs`` registers) instead lands each fp8 block by TMA in the
+    query tile's unused lower half, a block ahead of its conversion.
     """
 
     eligible: bool
@@ -162,6 +167,9 @@ class GluonDecodePlan:
     #: fp8 cache: the converting producer fills the stages (any page size); its registers (gather_warps warps)
     convert_cache: bool
     convert_regs: int
+    #: fp8 cache with at most land_rows query rows (Sq * H) and pages >= block_n: the landing producer's registers
+    land_rows: int
+    land_regs: int
     #: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks per run
     parts_per_sm: int
     min_blocks_per_part: int
@@ -222,6 +230,8 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         gather_cols=64,
         convert_cache=cache_dtype in SCALED_CACHE_DTYPES,
         convert_regs=104,
+        land_rows=block_m // 2,
+        land_regs=80,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,
@@ -407,7 +417,10 @@ class KernelPlan:
             dec["interpreter"] = self.decode.interpreter.key()
             gluon = self.decode.gluon
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
-            converted = f" ({self.spec.cache_dtype} cache converted to {self.spec.dtype} in shared memory)"
+            converted = (
+                f" ({self.spec.cache_dtype} cache converted to float16 in shared memory; landed by TMA in"
+                f" the query tile's unused half where Sq * H <= {gluon.land_rows} and pages hold whole blocks)"
+            )
             dec["backend"] = (
                 f"gluon{converted if gluon.convert_cache else ''} on compute capability 9.x with triton {verified}, "
                 "else triton"

@@ -32,7 +32,7 @@ def test_list_and_show():
     # an fp8 cache: the plan names it, and the Gluon decode takes it, converted
     shown = run("show", "deepseek-v3-tp8-fp8")
     assert shown.exit_code == 0 and '"cache_dtype": "float8_e4m3fn"' in shown.output
-    assert "gluon (float8_e4m3fn cache converted to bfloat16 in shared memory) on compute" in shown.output
+    assert "gluon (float8_e4m3fn cache converted to float16 in shared memory; landed by TMA" in shown.output
 
 
 @pytest.mark.parametrize(

@@ -38,7 +38,7 @@ GEOMETRIES = [  # (H, Dc, Dr): DeepSeek-like, Mistral-Small-4-like, MiniCPM3-lik
 #: the geometries the Gluon backend takes (the others always run the portable kernel)
 GLUON_GEOMETRIES = [g for g in GEOMETRIES if lower_gluon_decode(g[1], g[2]).eligible]
 PAGE_SIZES = [1, 2, 4, 8, 16, 32, 64, 128, 256]
-#: cache dtypes: the spec dtype (None) or fp8 (the Gluon decode converts it to the query's dtype in its stages)
+#: cache dtypes: the spec dtype (None) or fp8 (the Gluon decode converts it to float16 in its stages)
 CACHE_DTYPES = [None, "float8_e4m3fn"]
 
 

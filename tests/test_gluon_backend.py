@@ -39,7 +39,7 @@ def test_bundled_specs_render_gluon_source(name):
     spec = resolve_spec(name)
     plan = lower(spec).decode.gluon
     assert plan.eligible, plan.reason
-    assert plan.convert_cache == spec.cache_scaled  # an fp8 cache: converted by the producer into 16-bit stages
+    assert plan.convert_cache == spec.cache_scaled  # an fp8 cache: converted by the producer into float16 stages
     source = module_source(spec)
     assert "def _mla_decode_gluon_kernel(" in source and "gl.warp_specialize(" in source
     assert "def _gluon_producer_convert(" in source
@@ -164,6 +164,39 @@ def test_a_wrong_merge_names_where_it_came_from(module, monkeypatch):
         module.get_decode_schedule(2, 1, cpu)
     monkeypatch.setenv("MLAGEN_DECODE_MERGE", "fused")
     assert module.get_decode_schedule(2, 1, cpu).merge == "fused"
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-tp8-fp8", "deepseek-v3-tp8"])
+def test_gluon_producer_kind(tmp_path, name):
+    """Which producer fills the Gluon stages: an fp8 cache lands by TMA in the query tile's lower half where
+    Sq * H takes at most its upper half and every block lies in one page of a TMA-addressable cache, else it
+    is converted row by row; a 16-bit cache goes by TMA boxes or is gathered. Only shapes, strides and the
+    address are read (CPU tensors do)."""
+    import torch
+
+    spec = resolve_spec(name)
+    module = _import_source(module_source(spec), tmp_path, name.replace("-", "_"))
+    if module._GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon kernels are not defined under this Triton: {module._GLUON_IMPORT_ERROR}")
+    width, page = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM, module.PAGE_SIZE
+    cache = torch.empty(4, page, 1, width, dtype=module.CACHE_DTYPE)
+    rows_off = torch.empty(4, page, 1, width + 8, dtype=module.CACHE_DTYPE)[..., :width]  # a row stride != width
+    half = module.DECODE_GLUON_LAND_ROWS
+    assert half == module.DECODE_GLUON_BLOCK_M // 2  # the landing zone is the tile's lower half
+    scaled = module.CACHE_SCALED
+    assert module._gluon_producer_kind(cache, half)[0] == ("land" if scaled else "tma")
+    assert module._gluon_producer_kind(cache, half + 1)[0] == ("convert" if scaled else "tma")
+    assert module._gluon_producer_kind(rows_off, 16)[0] == ("convert" if scaled else "gather")
+    with patch.object(module, "PAGE_SIZE", module.DECODE_GLUON_BLOCK_N // 2):  # pages smaller than a block
+        small = torch.empty(8, page // 2, 1, width, dtype=module.CACHE_DTYPE)
+        assert module._gluon_producer_kind(small, 16)[0] == ("convert" if scaled else "gather")
+    kind, warps, regs = module._gluon_producer_kind(cache, 16)
+    if scaled:
+        # the landing boxes: the query's 64-column chunks half a tile tall, the cache's one block tall
+        q = torch.empty(16, width, dtype=module.DTYPE)
+        descs = module._gluon_launch_descriptors(q, cache, kind)
+        assert [list(d.block_shape) for d in descs] == [[half, 64], [half, 64], [64, 64], [64, 64]]
+        assert descs[2].base.dtype == module.CACHE_DTYPE and (warps, regs) == (4, module.DECODE_GLUON_LAND_REGS)
 
 
 def test_fp8_module_selects_gluon_on_hopper(tmp_path):

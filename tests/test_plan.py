@@ -85,7 +85,7 @@ def test_pinned_tiles_over_the_shared_memory_budget_are_an_error(kernel):
 def test_fp8_cache_plan():
     """An fp8 cache: 1-byte stages (and, for warpgroup-MMA row blocks, one tile converted to the query's
     dtype), runs of twice the blocks for the same fixed cost; the Gluon decode takes it with its converting
-    producer (16-bit stages: the same shared memory as a 16-bit cache), and `mlagen show` says so."""
+    or landing producer (float16 stages: the same shared memory as a 16-bit cache), and `mlagen show` says so."""
     bf16 = lower(spec()).decode
     fp8 = lower(spec(cache_dtype="float8_e4m3fn"))
     assert fp8.cache_dtype == "float8_e4m3fn" and fp8.cache_scaled and fp8.dtype == "bfloat16"
@@ -102,8 +102,10 @@ def test_fp8_cache_plan():
     assert bf16.gluon.eligible and decode.gluon.eligible and not decode.gluon.reason
     assert decode.gluon.convert_cache and not bf16.gluon.convert_cache
     assert (decode.gluon.num_stages, decode.gluon.smem_bytes) == (bf16.gluon.num_stages, bf16.gluon.smem_bytes)
+    assert decode.gluon.land_rows == decode.gluon.block_m // 2
     assert fp8.summary()["decode"]["backend"].startswith(
-        "gluon (float8_e4m3fn cache converted to bfloat16 in shared memory) on compute capability 9.x"
+        "gluon (float8_e4m3fn cache converted to float16 in shared memory; landed by TMA in the query tile's"
+        " unused half where Sq * H <= 32 and pages hold whole blocks) on compute capability 9.x"
     )
 
 
