@@ -30,6 +30,7 @@ from mlagen_compiler.integrations import transformers as hf  # noqa: E402
 from mlagen_compiler.integrations.transformers import PagedMLACache, patch_model, spec_from_config  # noqa: E402
 from mlagen_compiler.plan import softmax_scale_of  # noqa: E402
 
+TRANSFORMERS_VERSION = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2])
 EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
 VOCAB = 96
 PAD = 0
@@ -379,6 +380,33 @@ def test_reorder_cache_copies_sequences():
     close(logits, expected.expand(2, 1, VOCAB), dtype)
     cache.reset()
     assert cache.get_seq_length() == 0 and cache.lengths == [0, 0]
+
+
+#: transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name deprecated until 5.40)
+CACHE_ARGUMENTS = ["past_key_values"] + (["cache"] if TRANSFORMERS_VERSION >= (5, 24) else [])
+
+
+@CPU_MODEL
+@pytest.mark.parametrize("argument", CACHE_ARGUMENTS)
+def test_either_name_of_the_cache_argument_feeds_the_paged_cache(argument, modes):
+    """A prompt and a decode step through `cache=` (transformers >= 5.24) or `past_key_values=`: the cache
+    fills (the step decodes) and the logits match the unpatched model."""
+    dtype = torch.float16
+    reference = tiny_v3(seed=21)
+    model = patched(reference, dtype)
+    cache = poisoned_cache(model, max_batch_size=2, max_cache_len=12)
+    gen = torch.Generator().manual_seed(22)
+    prompt = torch.randint(1, VOCAB, (2, 5), generator=gen)
+    token = torch.randint(1, VOCAB, (2, 1), generator=gen)
+    with torch.no_grad():
+        model(prompt, **{argument: cache})
+        assert cache.get_seq_length() == 5
+        logits = model(token, **{argument: cache}).logits
+        expected = reference(torch.cat([prompt, token], dim=1)).logits[:, -1:]
+    assert modes == ["prefill", "decode"]
+    close(logits, expected, dtype)
+    with torch.no_grad(), pytest.raises(TypeError, match="needs a PagedMLACache, got DynamicCache"):
+        model(prompt, **{argument: DynamicCache(config=model.config)})
 
 
 @CPU_MODEL

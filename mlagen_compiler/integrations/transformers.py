@@ -421,11 +421,13 @@ def _base_model(model: nn.Module) -> nn.Module:
 def _before_forward(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Plan the step (which kernels, slots, positions) once for all layers, from the mask and the cache."""
     patch: _Patch = module._mlagen_patch
-    cache = kwargs.get("past_key_values")
+    # transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name still accepted by the
+    # model, renamed inside its forward); a hook sees whichever name the caller used
+    cache = kwargs.get("cache", kwargs.get("past_key_values"))
     if cache is not None and not isinstance(cache, PagedMLACache):
         raise TypeError(
-            f"past_key_values: a mlagen-patched model needs a PagedMLACache, got {type(cache).__name__}: pass "
-            "past_key_values=PagedMLACache(model, max_batch_size=..., max_cache_len=...)"
+            f"cache (past_key_values): a mlagen-patched model needs a PagedMLACache, got {type(cache).__name__}: "
+            "pass PagedMLACache(model, max_batch_size=..., max_cache_len=...)"
         )
     inputs = kwargs.get("input_ids")
     if inputs is None:
