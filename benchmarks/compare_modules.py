@@ -1,7 +1,7 @@
 """Two builds of the same generated modules side by side on one GPU, in one process: the speed of a
 change (e.g. a refactor that must leave the kernels as fast as they were), every case checked first.
 
-    python benchmarks/compare_modules.py --before DIR_A --after DIR_B [--out DIR]
+    python benchmarks/compare_modules.py --before DIR_A --after DIR_B [--out DIR] [--only "tp1 B128,tp8 B1 "]
 
 DIR_A / DIR_B hold generated modules (e.g. `git show REV:generated/x.py > DIR_A/x.py`). Cases run on the
 bundled DeepSeek-V3 geometries (TP8/TP4/TP1) and Mistral-Small-4; each timing is the median of
@@ -35,9 +35,11 @@ DECODE = [  # (module, B, S, Sq)
     ("deepseek_v3_tp8", 128, 8192, 2),
     ("deepseek_v3_tp4", 128, 8192, 1),
     ("deepseek_v3_tp1", 128, 8192, 1),
+    ("deepseek_v3_tp1", 128, 8192, 2),
     ("deepseek_v3_tp1", 32, 8192, 1),
     ("mistral_small_4", 128, 8192, 1),
     ("deepseek_v3_tp8", 1, 8192, 1),
+    ("deepseek_v3_tp1", 1, 8192, 1),
 ]
 PREFILL = [("deepseek_v3_tp8", 4, 4096), ("deepseek_v3_tp1", 1, 4096)]  # (module, B, S), causal
 
@@ -86,10 +88,18 @@ def main() -> None:
     parser.add_argument("--before", type=Path, required=True)
     parser.add_argument("--after", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
+    parser.add_argument("--only", default="", help="cases whose name contains one of these (a,b,...)")
     args = parser.parse_args()
+    only = [part for part in args.only.split(",") if part]
+
+    def wanted(case: str) -> bool:
+        return not only or any(part in case for part in only)
+
     gen = torch.Generator().manual_seed(0)
     rows = []
     for name, batch, seqlen, seqlen_q in DECODE:
+        if not wanted(f"{name} B{batch} S{seqlen} Sq{seqlen_q}"):
+            continue
         mods = [
             import_module_from_path(d / f"{name}.py", f"cmp_{i}_{name}")
             for i, d in enumerate((args.before, args.after))
@@ -107,6 +117,8 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     for name, batch, seqlen in PREFILL:
+        if not wanted(f"prefill {name} B{batch} S{seqlen}"):
+            continue
         mods = [
             import_module_from_path(d / f"{name}.py", f"cmpp_{i}_{name}")
             for i, d in enumerate((args.before, args.after))

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Device calls of 2026-11-25 (H100). Run from the repo root after the .whl install line (device README):
+#   bash benchmarks/device_2026-11-25.sh tests [ONLY [CACHES]]   the Gluon decode's GPU tests (every producer;
+#                                      TESTS_K=... another -k), then bench_decode.py on the cases ONLY names, if given
+#   bash benchmarks/device_2026-11-25.sh variants [ONLY [VARIANTS]]   fp8_converter_variants.py
+#   bash benchmarks/device_2026-11-25.sh compare [ONLY]   GPU tests, then compare_modules.py .before/ vs generated/
+#   bash benchmarks/device_2026-11-25.sh property   the Gluon decode's Hypothesis property test
+#   bash benchmarks/device_2026-11-25.sh bench [ONLY [CACHES]]   bench_decode.py, both backends
+# (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
+# decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+git log -1 --format='%h %s' | tee -a "$OUT/gpu.txt"
+case "${1:-tests}" in
+tests)
+  # both producers of every kind (tma, gather, convert, land: page sizes 1-256, both caches), the off-word cache
+  # view, the fp8 tests, the fused-merge trees and the raw launch; then, if given, a benchmark (below)
+  timeout 260 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py \
+    tests/test_prepared_launch.py \
+    -k "${TESTS_K:-(every_page_size and gluon) or (off_word and gluon) or fp8_decode or raw_launch_gives or fused_merge_trees}" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  [ -n "${2:-}" ] && timeout 300 python3 benchmarks/bench_decode.py --out "$OUT" --caches "${3:-bf16}" --only "$2" \
+    2>&1 | tee "$OUT/bench.log" | grep -v "^#"
+  ;;
+compare)
+  # a kernel change against the modules before it (.before/, carried): GPU tests of the change, then
+  # compare_modules.py (every case checked against the reference first, timings interleaved)
+  timeout 250 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \
+    -k "${TESTS_K:-(every_page_size and gluon and (1- or 16- or 64- or 256-)) or (off_word and gluon)}" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 300 python3 benchmarks/compare_modules.py --before .before --after generated --out "$OUT" \
+    --only "${2:-tp1 B128,tp1 B32,tp8 B128 S8192 Sq1,tp1 B1 ,tp8 B1 }" 2>&1 | tee "$OUT/compare.log"
+  ;;
+property)
+  # the decode property test of the Gluon backend (Hypothesis: varlen batches, Sq, page sizes, empty
+  # sequences, splits, both caches), MLAGEN_HYPOTHESIS_PROFILE as given (default dev: 12 examples)
+  timeout 540 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "matches_reference and gluon" \
+    2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  ;;
+variants)
+  timeout 250 python3 benchmarks/fp8_converter_variants.py --only "${2:-H16 B128,Mistral}" \
+    --variants "${3:-land72}" --out "$OUT" 2>&1 | tee "$OUT/variants.log" | grep -v "^#"
+  ;;
+bench)
+  timeout 560 python3 benchmarks/bench_decode.py --out "$OUT" --caches "${3:-bf16,fp8}" \
+    --only "${2:-S8192 Sq1 fix,S8192 Sq2 fix,H128 B32,H16 B64 S32768,Kimi,Mistral,graph}" 2>&1 \
+    | tee "$OUT/bench.log" | grep -v "^#"
+  ;;
+esac
