@@ -5,6 +5,7 @@
 #   bash benchmarks/device_2026-11-25.sh variants [ONLY [VARIANTS]]   fp8_converter_variants.py
 #   bash benchmarks/device_2026-11-25.sh compare [ONLY]   GPU tests, then compare_modules.py .before/ vs generated/
 #   bash benchmarks/device_2026-11-25.sh property   the Gluon decode's Hypothesis property test
+#   bash benchmarks/device_2026-11-25.sh fp8 [ONLY [VARIANTS]]   fp8 landing-producer tests, then bf16 vs fp8 timings
 #   bash benchmarks/device_2026-11-25.sh bench [ONLY [CACHES]]   bench_decode.py, both backends
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
@@ -37,6 +38,15 @@ property)
   # sequences, splits, both caches), MLAGEN_HYPOTHESIS_PROFILE as given (default dev: 12 examples)
   timeout 540 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "matches_reference and gluon" \
     2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  ;;
+fp8)
+  # the fp8 landing producer's GPU tests (pages of whole blocks, Sq * H <= 32), the graph replay, the Gluon
+  # property test, then bf16 against fp8 (and the row-loading converter) in one process
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
+    "(every_page_size and gluon and float8 and (64- or 128- or 256-)) or (off_word and gluon and float8) or fp8_decode_replays or (matches_reference and gluon)" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 200 python3 benchmarks/fp8_converter_variants.py --only "${2:-H16 B128,Mistral}" \
+    --variants "${3:-convert}" --out "$OUT" 2>&1 | tee "$OUT/variants.log" | grep -v "^#"
   ;;
 variants)
   timeout 250 python3 benchmarks/fp8_converter_variants.py --only "${2:-H16 B128,Mistral}" \

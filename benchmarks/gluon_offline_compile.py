@@ -115,7 +115,10 @@ def compile_offline(
         ZERO_TAIL=producer in ("tma", "land"),
         LAND_CHUNKS=module._GLUON_LAND_CHUNKS if producer == "land" else 1,
         STAGE_DTYPE=gl.float16 if scaled else module._GLUON_DTYPE,
-        PRODUCER_WARPS=1 if producer == "tma" else module.DECODE_GLUON_GATHER_WARPS,
+        PRODUCER_WARPS={"tma": 1, "land": module.DECODE_GLUON_LAND_WARPS}.get(
+            producer, module.DECODE_GLUON_GATHER_WARPS
+        ),
+        ISSUER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
         PRODUCER_REGS={
             "tma": module.DECODE_GLUON_PRODUCER_REGS,
             "gather": module.DECODE_GLUON_GATHER_REGS,

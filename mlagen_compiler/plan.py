@@ -144,8 +144,9 @@ class GluonDecodePlan:
     softmax scale and multiplies the finished rows. Half the bytes read from memory per block; the same MMAs
     and shared memory.
     Where the query takes at most ``land_rows`` (half the tile) and pages hold whole blocks, a landing
-    producer (``gather_warps`` warps, ``land_regs`` registers) instead lands each fp8 block by TMA in the
-    query tile's unused lower half, a block ahead of its conversion.
+    producer instead lands each fp8 block by TMA in the query tile's unused lower half, a block ahead of its
+    conversion: ``land_warps`` converting warps (``land_regs`` registers) beside one warp that issues the TMA
+    boxes (``producer_regs``).
     """
 
     eligible: bool
@@ -170,6 +171,8 @@ class GluonDecodePlan:
     #: fp8 cache with at most land_rows query rows (Sq * H) and pages >= block_n: the landing producer's registers
     land_rows: int
     land_regs: int
+    #: its converting warps (beside one warp that issues the TMA boxes)
+    land_warps: int
     #: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks per run
     parts_per_sm: int
     min_blocks_per_part: int
@@ -232,6 +235,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         convert_regs=104,
         land_rows=block_m // 2,
         land_regs=80,
+        land_warps=2,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,
