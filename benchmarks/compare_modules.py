@@ -137,6 +137,9 @@ def main() -> None:
         before, after = interleaved(*[functools.partial(m.mla_prefill, *inputs) for m in mods])
         rows.append(dict(kernel="prefill", case=f"{name} B{batch} S{seqlen}", before_us=before, after_us=after))
         print(rows[-1], flush=True)
+    if not rows:
+        known = [f"{n} B{b} S{s} Sq{q}" for n, b, s, q in DECODE] + [f"prefill {n} B{b} S{s}" for n, b, s in PREFILL]
+        parser.error(f"--only {args.only!r} matches no case; cases: {', '.join(known)}")
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes")
     meta = dict(gpu=torch.cuda.get_device_name(), date=now, torch=torch.__version__, triton=triton.__version__)
     args.out.mkdir(parents=True, exist_ok=True)
