@@ -7,6 +7,9 @@
 #   bash benchmarks/device_2026-11-25.sh property   the Gluon decode's Hypothesis property test
 #   bash benchmarks/device_2026-11-25.sh fp8 [ONLY [VARIANTS]]   fp8 landing-producer tests, then bf16 vs fp8 timings
 #   bash benchmarks/device_2026-11-25.sh bench [ONLY [CACHES]]   bench_decode.py, both backends
+#   bash benchmarks/device_2026-11-25.sh narrow   the narrow form (query rows as the MMAs' N): GPU tests, the
+#                                      Gluon property test, fp8 and bf16 narrow against wide, compare_modules.py
+#                                      (bf16, .before/ = the wide form) and the latency cases
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail
@@ -56,5 +59,18 @@ bench)
   timeout 560 python3 benchmarks/bench_decode.py --out "$OUT" --caches "${3:-bf16,fp8}" \
     --only "${2:-S8192 Sq1 fix,S8192 Sq2 fix,H128 B32,H16 B64 S32768,Kimi,Mistral,graph}" 2>&1 \
     | tee "$OUT/bench.log" | grep -v "^#"
+  ;;
+narrow)
+  timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py \
+    -k "(every_page_size and gluon and (16- or 64- or 256-)) or (off_word and gluon) or fp8_decode" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 60 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "matches_reference and gluon" \
+    2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  timeout 150 python3 benchmarks/fp8_converter_variants.py --only "H16 B128,H16 B64,Mistral" --variants wide \
+    --bf16-variants wide --out "$OUT" 2>&1 | tee "$OUT/variants.log" | grep -v "^#"
+  timeout 70 python3 benchmarks/compare_modules.py --before .before --after generated --out "$OUT" \
+    --only "tp8 B128 S8192 Sq2" 2>&1 | tee "$OUT/compare.log"
+  timeout 110 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4 Sq1" 2>&1 | tee "$OUT/bench.log" | grep -v "^#"
   ;;
 esac

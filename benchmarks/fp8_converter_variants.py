@@ -92,12 +92,12 @@ VARIANTS = {
         [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=160,")],
     ),
     "ieee_div": (
-        "the Gluon kernel's output rows divided by l element by element (an IEEE division each, ~5 instructions), "
+        "the Gluon kernel's output rows (rows as the MMAs' M) divided by l element by element (an IEEE division each, ~5 instructions), "
         "as before 2026-11-23 08:30 UTC, instead of multiplied by 1 / l",
         [
             (
-                "out = acc * (1.0 / gl.where(l_o > 0.0, l_o, 1.0))[:, None]",
-                "out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]",
+                "out = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]",
+                "out = acc / gl.convert_layout(1.0 / inv_l, gl.SliceLayout(1, o_layout))[:, None]",
             )
         ],
     ),
@@ -105,6 +105,15 @@ VARIANTS = {
         "every block loaded row by row by the converting producer (the choice before the landing producer) where "
         "the landing producer would take it (Sq * H <= 32, pages of whole blocks)",
         [("if CACHE_SCALED and boxes and query_rows <= DECODE_GLUON_LAND_ROWS:", "if False:")],
+    ),
+    "wide": (
+        "the query rows as the MMAs' M, padded to 64 (the form before 2026-11-25 16:30 UTC), where the narrow form "
+        "(rows as N: 16 or 32 wide) would take them",
+        [("DECODE_GLUON_NARROW_ROWS = 16", "DECODE_GLUON_NARROW_ROWS = 0")],
+    ),
+    "narrow32": (
+        "the narrow form 32 query rows wide too (Sq * H in 17..32: Mistral-Small-4, H16 Sq2)",
+        [("DECODE_GLUON_NARROW_ROWS = 16", "DECODE_GLUON_NARROW_ROWS = 32")],
     ),
     "land72": (
         "the landing producer at 72 registers instead of 80",

@@ -50,6 +50,7 @@ def compile_offline(
     fused_merge: bool = True,
     consumer_regs: int | None = None,
     producer: str | None = None,
+    narrow: bool = True,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.experimental.gluon import language as gl
@@ -69,6 +70,12 @@ def compile_offline(
     if producer is None:  # the launch's choice (gather: a cache whose pages TMA cannot address)
         producer, _, _ = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, seqlen_q * heads)
     q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
+    # (a module generated before the narrow form takes no NARROW)
+    narrow_form = {}
+    if hasattr(module, "gluon_narrow_rows"):
+        narrow_form["NARROW"] = module.gluon_narrow_rows(
+            seqlen_q * heads, module.DECODE_GLUON_NARROW_ROWS if narrow else 0
+        )
     i32 = torch.empty(16, dtype=torch.int32)
     f32 = torch.empty(16, dtype=torch.float32)
     out = torch.empty(16, dtype=module.DTYPE)
@@ -133,6 +140,7 @@ def compile_offline(
         CONSUMER_REGS=consumer_regs or module.DECODE_GLUON_CONSUMER_REGS,
         LN2=0.6931471805599453,
         SCALED=scaled,
+        **narrow_form,
         num_warps=4,
         grid=(1,),
     )
@@ -166,9 +174,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
     parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
+    parser.add_argument("--wide", action="store_true", help="rows as the MMAs' M even where the narrow form applies")
     parser.add_argument("--regs", type=int, help="registers of the P @ V warpgroups (default: the module's)")
     args = parser.parse_args(argv)
-    result = compile_offline(args.module, args.sq, args.gather, not args.combine_kernel, args.regs, args.producer)
+    result = compile_offline(
+        args.module, args.sq, args.gather, not args.combine_kernel, args.regs, args.producer, not args.wide
+    )
     kernel = result.pop("kernel")
     print(result)
     if args.dump:

@@ -180,6 +180,15 @@ def decode_min_blocks_per_part(min_blocks_per_part, *, small, block_m, small_blo
     return min_blocks_per_part
 
 
+def gluon_narrow_rows(query_rows, narrow_rows):
+    """N of the Gluon decode's narrow form for Sq * H = query_rows: the MMAs take the query rows as their N,
+    padded to 16 or 32 (a multiple of 16: one K step of P^T), where query_rows <= narrow_rows; else 0 (rows as
+    the MMAs' M, padded to 64)."""
+    if query_rows > narrow_rows:
+        return 0
+    return 16 if query_rows <= 16 else 32
+
+
 def check_decode_config(config):
     """(block_n, num_warps, num_stages) as a tuple of ints a launch can take, else a ValueError naming it."""
     ok = (

@@ -173,6 +173,9 @@ class GluonDecodePlan:
     land_regs: int
     #: its converting warps (beside one warp that issues the TMA boxes)
     land_warps: int
+    #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
+    #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
+    narrow_rows: int
     #: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks per run
     parts_per_sm: int
     min_blocks_per_part: int
@@ -193,6 +196,11 @@ def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int)
     return 2 * (block_m * (dc + dr) + stages * block_n * (dc + dr) + block_m * block_n) + 2 * 4 * block_m + 8 * 16
 
 
+#: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide).
+#: Measured on the H100 (2026-11-25, narrow against rows padded to 64): H16 B128 S8192 fp8 263 against 312 us,
+#: bf16 412 / 418, the B8 / skewed latency cases 39.5 / 38.3 against 46.4 / 49.1 us replayed; 32 wide did not
+#: pay: Mistral-Small-4 (H32) fp8 217 against 183 us, bf16 246 / 242, H16 Sq2 bf16 419 / 420
+NARROW_ROWS = 16
 #: most ring stages offered: past 4 a 64-position block is already > 10 us of transfers ahead
 GLUON_MAX_STAGES = 4
 #: registers of the second (P V) warpgroup offered to the tuner (setmaxnreg: multiples of 8; the softmax
@@ -236,6 +244,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         land_rows=block_m // 2,
         land_regs=80,
         land_warps=2,
+        narrow_rows=NARROW_ROWS,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,

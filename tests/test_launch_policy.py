@@ -219,3 +219,10 @@ def test_decode_pdl_only_for_a_combine_launch_on_hopper_or_later():
     assert lp.decode_pdl(True, merge="kernel", capability=(9, 0), interpreting=True) is False
     with pytest.raises(ValueError, match="^pdl: expected None, True or False, got 'yes'$"):
         lp.decode_pdl("yes", merge="kernel", **hopper)
+
+
+def test_gluon_narrow_form_up_to_its_row_limit():
+    # query rows as the MMAs' N: 16 wide up to 16 rows, 32 up to 32, never past the plan's limit
+    assert [lp.gluon_narrow_rows(rows, 32) for rows in (1, 15, 16, 17, 32, 33, 64)] == [16, 16, 16, 32, 32, 0, 0]
+    assert lp.gluon_narrow_rows(16, 16) == 16 and lp.gluon_narrow_rows(17, 16) == 0
+    assert lp.gluon_narrow_rows(1, 0) == 0  # off
