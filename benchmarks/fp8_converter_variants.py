@@ -50,6 +50,41 @@ def _gluon_load_no_allocate(ptrs, mask):
 
 """
 
+#: the landing issuer (generated module: one level in) and the line of its block loop after which it may prefetch
+_ISSUER = "    @gluon.jit\n    def _gluon_land_issuer(q_desc_c, "
+_ISSUER_CALL = "(_gluon_land_issuer, (\n" + " " * 20 + "Q_DESC_C, "
+_ISSUER_BLOCK = " " * 20 + "free_phase = (it & 1) ^ 1\n"
+#: one block's fp8 rows (contiguous: pages of whole blocks, rows Dc + Dr bytes apart) asked into L2 by bulk
+#: prefetches, a 32nd of the block a lane of the issuer's warp (cp.async.bulk.prefetch.L2: no shared memory, no
+#: barrier; the TMA box that later reads the block then hits L2)
+_PREFETCH_BLOCK = """@gluon.jit
+def _gluon_prefetch_block(KV, row0, DC: gl.constexpr, DR: gl.constexpr, BLOCK_N: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
+    SLICE: gl.constexpr = BLOCK_N * (DC + DR) // 32
+    lanes = gl.arange(0, 32, layout)
+    ptrs = KV + row0.to(gl.int64) * (DC + DR) + lanes * SLICE
+    gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                              [ptrs, gl.full([32], SLICE, gl.int32, layout)], dtype=gl.int32, is_pure=False, pack=1)
+
+
+"""
+
+
+def _prefetch_edits(ahead: int) -> list[tuple[str, str]]:
+    """The landing issuer prefetches block blk + ahead into L2 when it issues block blk's boxes."""
+    body = (
+        f"if blk + {ahead} < hi:\n"
+        f"    row_a = gl.load(bt_row + ((blk + {ahead}) * BLOCK_N) // PAGE_SIZE) * PAGE_SIZE"
+        f" + ((blk + {ahead}) * BLOCK_N) % PAGE_SIZE\n"
+        "    _gluon_prefetch_block(KV, row_a, DC, DR, BLOCK_N)\n"
+    )
+    return [
+        (_ISSUER, textwrap.indent(_PREFETCH_BLOCK, "    ") + _ISSUER.replace("(q_desc_c, ", "(KV, q_desc_c, ")),
+        (_ISSUER_CALL, _ISSUER_CALL.replace("Q_DESC_C, ", "KV, Q_DESC_C, ")),
+        (_ISSUER_BLOCK, _ISSUER_BLOCK + textwrap.indent(body, " " * 20)),
+    ]
+
+
 #: name -> (why, [(text, replacement)]): edits of the generated fp8 module
 VARIANTS = {
     "evict_first": (
@@ -92,8 +127,8 @@ VARIANTS = {
         [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=160,")],
     ),
     "ieee_div": (
-        "the Gluon kernel's output rows (rows as the MMAs' M) divided by l element by element (an IEEE division each, ~5 instructions), "
-        "as before 2026-11-23 08:30 UTC, instead of multiplied by 1 / l",
+        "the Gluon kernel's output rows (rows as the MMAs' M) divided by l element by element (an IEEE division "
+        "each, ~5 instructions), as before 2026-11-23 08:30 UTC, instead of multiplied by 1 / l",
         [
             (
                 "out = acc * gl.convert_layout(inv_l, gl.SliceLayout(1, o_layout))[:, None]",
@@ -115,6 +150,13 @@ VARIANTS = {
         "the narrow form 32 query rows wide too (Sq * H in 17..32: Mistral-Small-4, H16 Sq2)",
         [("DECODE_GLUON_NARROW_ROWS = 16", "DECODE_GLUON_NARROW_ROWS = 32")],
     ),
+    "prefetch1": (
+        "the landing issuer asks the block after next into L2 (bulk prefetch) as it issues a block's boxes: more "
+        "bytes in flight than the one landing zone allows",
+        _prefetch_edits(1),
+    ),
+    "prefetch2": ("as prefetch1, two blocks ahead", _prefetch_edits(2)),
+    "prefetch4": ("as prefetch1, four blocks ahead", _prefetch_edits(4)),
     "land72": (
         "the landing producer at 72 registers instead of 80",
         [("DECODE_GLUON_LAND_REGS = 80", "DECODE_GLUON_LAND_REGS = 72")],
