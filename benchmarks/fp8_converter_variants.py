@@ -157,6 +157,11 @@ VARIANTS = {
     ),
     "prefetch2": ("as prefetch1, two blocks ahead", _prefetch_edits(2)),
     "prefetch4": ("as prefetch1, four blocks ahead", _prefetch_edits(4)),
+    "land4w": (
+        "the landing producer with 4 converting warps instead of 2 (13 warps in all: ptxas takes it with the narrow "
+        "form, offline; 128 registers at launch)",
+        [("DECODE_GLUON_LAND_WARPS = 2", "DECODE_GLUON_LAND_WARPS = 4")],
+    ),
     "land72": (
         "the landing producer at 72 registers instead of 80",
         [("DECODE_GLUON_LAND_REGS = 80", "DECODE_GLUON_LAND_REGS = 72")],
