@@ -158,9 +158,13 @@ VARIANTS = {
     "prefetch2": ("as prefetch1, two blocks ahead", _prefetch_edits(2)),
     "prefetch4": ("as prefetch1, four blocks ahead", _prefetch_edits(4)),
     "land4w": (
-        "the landing producer with 4 converting warps instead of 2 (13 warps in all: ptxas takes it with the narrow "
-        "form, offline; 128 registers at launch)",
+        "4 converting warps for the landing producer of rows as M too (Sq * H in 17..32; ptxas refuses 13 warps "
+        "beside the 64-row accumulator at Dc 512, C7602, and takes them at Dc 256: Mistral-Small-4)",
         [("DECODE_GLUON_LAND_WARPS = 2", "DECODE_GLUON_LAND_WARPS = 4")],
+    ),
+    "narrow_land2": (
+        "2 converting warps for the landing producer of the narrow form (shipped: 4; 2 before 2026-11-25 17:30 UTC)",
+        [("DECODE_GLUON_NARROW_LAND_WARPS = 4", "DECODE_GLUON_NARROW_LAND_WARPS = 2")],
     ),
     "land72": (
         "the landing producer at 72 registers instead of 80",

@@ -67,8 +67,16 @@ def compile_offline(
     q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
     scaled = module.CACHE_SCALED
     kv = torch.empty(64, module.PAGE_SIZE, 1, width, dtype=module.CACHE_DTYPE)
+    rows = seqlen_q * heads
     if producer is None:  # the launch's choice (gather: a cache whose pages TMA cannot address)
-        producer, _, _ = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, seqlen_q * heads)
+        producer, _, _ = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows)
+    land_warps = module.DECODE_GLUON_LAND_WARPS
+    if (
+        narrow
+        and hasattr(module, "gluon_narrow_rows")
+        and module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS)
+    ):
+        land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS
     q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     # (a module generated before the narrow form takes no NARROW)
     narrow_form = {}
@@ -122,9 +130,7 @@ def compile_offline(
         ZERO_TAIL=producer in ("tma", "land"),
         LAND_CHUNKS=module._GLUON_LAND_CHUNKS if producer == "land" else 1,
         STAGE_DTYPE=gl.float16 if scaled else module._GLUON_DTYPE,
-        PRODUCER_WARPS={"tma": 1, "land": module.DECODE_GLUON_LAND_WARPS}.get(
-            producer, module.DECODE_GLUON_GATHER_WARPS
-        ),
+        PRODUCER_WARPS={"tma": 1, "land": land_warps}.get(producer, module.DECODE_GLUON_GATHER_WARPS),
         ISSUER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
         PRODUCER_REGS={
             "tma": module.DECODE_GLUON_PRODUCER_REGS,

@@ -145,8 +145,10 @@ class GluonDecodePlan:
     and shared memory.
     Where the query takes at most ``land_rows`` (half the tile) and pages hold whole blocks, a landing
     producer instead lands each fp8 block by TMA in the query tile's unused lower half, a block ahead of its
-    conversion: ``land_warps`` converting warps (``land_regs`` registers) beside one warp that issues the TMA
-    boxes (``producer_regs``).
+    conversion: ``land_warps`` converting warps (``narrow_land_warps`` with the narrow form; ``land_regs``
+    registers) beside one warp that issues the TMA boxes (``producer_regs``).
+    Where Sq * H <= ``narrow_rows`` the MMAs take the query rows as their N (the narrow form: S^T = K Q^T,
+    O^T = V^T P^T, 16 rows wide instead of padded to block_m).
     """
 
     eligible: bool
@@ -171,8 +173,11 @@ class GluonDecodePlan:
     #: fp8 cache with at most land_rows query rows (Sq * H) and pages >= block_n: the landing producer's registers
     land_rows: int
     land_regs: int
-    #: its converting warps (beside one warp that issues the TMA boxes)
+    #: its converting warps (beside one warp that issues the TMA boxes); with the narrow form (below), whose
+    #: softmax warpgroup holds a quarter of the accumulator, narrow_land_warps (ptxas cannot fit 13 warps beside
+    #: the 64-row accumulator). H100, H16 B128 fp8 (2026-11-25): 4 warps 255 us, 2 warps 261
     land_warps: int
+    narrow_land_warps: int
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
@@ -244,6 +249,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         land_rows=block_m // 2,
         land_regs=80,
         land_warps=2,
+        narrow_land_warps=4,
         narrow_rows=NARROW_ROWS,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),

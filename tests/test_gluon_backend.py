@@ -197,7 +197,9 @@ def test_gluon_producer_kind(tmp_path, name):
         descs = module._gluon_launch_descriptors(q, cache, kind)
         assert [list(d.block_shape) for d in descs] == [[half, 64], [half, 64], [64, 64], [64, 64]]
         assert descs[2].base.dtype == module.CACHE_DTYPE
-        assert (warps, regs) == (module.DECODE_GLUON_LAND_WARPS, module.DECODE_GLUON_LAND_REGS)
+        # 16 rows: the narrow form, with more converting warps; 17..32 rows keep the 64-row accumulator
+        assert (warps, regs) == (module.DECODE_GLUON_NARROW_LAND_WARPS, module.DECODE_GLUON_LAND_REGS)
+        assert module._gluon_producer_kind(cache, 17)[1] == module.DECODE_GLUON_LAND_WARPS
 
 
 def test_fp8_module_selects_gluon_on_hopper(tmp_path):
