@@ -13,6 +13,8 @@
 #   bash benchmarks/device_2026-11-25.sh narrow16   the narrow form as shipped (16 rows): GPU tests, the Gluon
 #                                      property test (ci profile), bench_decode.py (bf16 and fp8, Gluon) and the
 #                                      latency cases (bf16, both backends)
+#   bash benchmarks/device_2026-11-25.sh land4   the fp8 landing producer's GPU tests (4 converting warps with the
+#                                      narrow form), the Gluon property test, bf16 against fp8 timings (Gluon)
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail
@@ -86,5 +88,14 @@ narrow16)
     2>&1 | tee "$OUT/bench_main.log" | grep -v "^#"
   timeout 110 python3 benchmarks/bench_decode.py --out "$OUT/latency" --caches bf16 \
     --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
+  ;;
+land4)
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
+    "(every_page_size and gluon and float8 and (64- or 128- or 256-)) or (off_word and gluon and float8) or fp8_decode_replays" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 80 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "matches_reference and gluon" \
+    2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  timeout 150 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 --backends gluon \
+    --only "H16 B128 S8192 Sq1 fix,H16 B64 S32768,Mistral" 2>&1 | tee "$OUT/bench.log" | grep -v "^#"
   ;;
 esac
