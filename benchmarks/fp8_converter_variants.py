@@ -163,7 +163,7 @@ VARIANTS = {
         [("DECODE_GLUON_LAND_WARPS = 2", "DECODE_GLUON_LAND_WARPS = 4")],
     ),
     "narrow_land2": (
-        "2 converting warps for the landing producer of the narrow form (shipped: 4; 2 before 2026-11-25 17:30 UTC)",
+        "2 converting warps for the landing producer of the narrow form (shipped: 4; 2 before 2026-11-25 16:30 UTC)",
         [("DECODE_GLUON_NARROW_LAND_WARPS = 4", "DECODE_GLUON_NARROW_LAND_WARPS = 2")],
     ),
     "land72": (
