@@ -15,6 +15,8 @@
 #                                      latency cases (bf16, both backends)
 #   bash benchmarks/device_2026-11-25.sh land4   the fp8 landing producer's GPU tests (4 converting warps with the
 #                                      narrow form), the Gluon property test, bf16 against fp8 timings (Gluon)
+#   bash benchmarks/device_2026-11-25.sh ring   the same for the landing ring of half blocks (3 slots below the
+#                                      narrow form's 16 query rows, 2 below 32), H16 Sq2 (2 slots) timed too
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail
@@ -97,5 +99,15 @@ land4)
     2>&1 | tail -25 | tee "$OUT/pytest_property.log"
   timeout 150 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 --backends gluon \
     --only "H16 B128 S8192 Sq1 fix,H16 B64 S32768,Mistral" 2>&1 | tee "$OUT/bench.log" | grep -v "^#"
+  ;;
+ring)
+  timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
+    "(every_page_size and gluon and float8 and (64- or 128- or 256-)) or (off_word and gluon and float8) or fp8_decode_replays" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 70 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "matches_reference and gluon" \
+    2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  timeout 170 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 --backends gluon \
+    --only "H16 B128 S8192 Sq1 fix,H16 B128 S8192 Sq2 fix,H16 B64 S32768,Mistral" 2>&1 | tee "$OUT/bench.log" \
+    | grep -v "^#"
   ;;
 esac
