@@ -17,6 +17,7 @@
 #                                      narrow form), the Gluon property test, bf16 against fp8 timings (Gluon)
 #   bash benchmarks/device_2026-11-25.sh ring   the same for the landing ring of half blocks (3 slots below the
 #                                      narrow form's 16 query rows, 2 below 32), H16 Sq2 (2 slots) timed too
+#                                      (ran at c77cb32: correct and slower, reverted; the mode now times main)
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail

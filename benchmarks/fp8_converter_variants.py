@@ -53,9 +53,7 @@ def _gluon_load_no_allocate(ptrs, mask):
 #: the landing issuer (generated module: one level in) and the line of its block loop after which it may prefetch
 _ISSUER = "    @gluon.jit\n    def _gluon_land_issuer(q_desc_c, "
 _ISSUER_CALL = "(_gluon_land_issuer, (\n" + " " * 20 + "Q_DESC_C, "
-_ISSUER_BLOCK = (
-    " " * 20 + "row0 = gl.load(bt_row + (blk * BLOCK_N) // PAGE_SIZE) * PAGE_SIZE + (blk * BLOCK_N) % PAGE_SIZE\n"
-)
+_ISSUER_BLOCK = " " * 20 + "free_phase = (it & 1) ^ 1\n"
 #: one block's fp8 rows (contiguous: pages of whole blocks, rows Dc + Dr bytes apart) asked into L2 by bulk
 #: prefetches, a 32nd of the block a lane of the issuer's warp (cp.async.bulk.prefetch.L2: no shared memory, no
 #: barrier; the TMA box that later reads the block then hits L2)

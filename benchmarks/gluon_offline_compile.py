@@ -77,16 +77,13 @@ def compile_offline(
         and module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS)
     ):
         land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS
+    q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     # (a module generated before the narrow form takes no NARROW)
     narrow_form = {}
     if hasattr(module, "gluon_narrow_rows"):
         narrow_form["NARROW"] = module.gluon_narrow_rows(
             seqlen_q * heads, module.DECODE_GLUON_NARROW_ROWS if narrow else 0
         )
-        descriptors = module._gluon_launch_descriptors(q, kv, producer, narrow_form["NARROW"])
-    else:
-        descriptors = module._gluon_launch_descriptors(q, kv, producer)
-    q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = descriptors
     i32 = torch.empty(16, dtype=torch.int32)
     f32 = torch.empty(16, dtype=torch.float32)
     out = torch.empty(16, dtype=module.DTYPE)

@@ -192,15 +192,10 @@ def test_gluon_producer_kind(tmp_path, name):
         assert module._gluon_producer_kind(small, 16)[0] == ("convert" if scaled else "gather")
     kind, warps, regs = module._gluon_producer_kind(cache, 16)
     if scaled:
-        # the landing boxes: the query's 64-column chunks half a tile tall (16 rows for the narrow form), the
-        # cache's half a block tall
+        # the landing boxes: the query's 64-column chunks half a tile tall, the cache's one block tall
         q = torch.empty(16, width, dtype=module.DTYPE)
         descs = module._gluon_launch_descriptors(q, cache, kind)
-        assert [list(d.block_shape) for d in descs] == [[half, 64], [half, 64], [32, 64], [32, 64]]
-        narrow = module.gluon_narrow_rows(16, module.DECODE_GLUON_NARROW_ROWS)
-        assert narrow == 16
-        descs = module._gluon_launch_descriptors(q, cache, kind, narrow)
-        assert [list(d.block_shape) for d in descs] == [[16, 64], [16, 64], [32, 64], [32, 64]]
+        assert [list(d.block_shape) for d in descs] == [[half, 64], [half, 64], [64, 64], [64, 64]]
         assert descs[2].base.dtype == module.CACHE_DTYPE
         # 16 rows: the narrow form, with more converting warps; 17..32 rows keep the 64-row accumulator
         assert (warps, regs) == (module.DECODE_GLUON_NARROW_LAND_WARPS, module.DECODE_GLUON_LAND_REGS)
