@@ -126,6 +126,19 @@ VARIANTS = {
         "load 7 spilled values a block instead of 18-20; offline SASS)",
         [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=160,")],
     ),
+    "pv120": (
+        "P @ V warpgroup 168 -> 120 registers (the narrow form's accumulator is 32 a thread): the softmax warpgroup "
+        "then spills less beside 4 converting warps (offline: stack 96 -> 40 bytes)",
+        [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=120,")],
+    ),
+    "pv96": (
+        "P @ V warpgroup at 96 registers",
+        [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=96,")],
+    ),
+    "land104": (
+        "the landing producer at 104 registers instead of 80",
+        [("DECODE_GLUON_LAND_REGS = 80", "DECODE_GLUON_LAND_REGS = 104")],
+    ),
     "ieee_div": (
         "the Gluon kernel's output rows (rows as the MMAs' M) divided by l element by element (an IEEE division "
         "each, ~5 instructions), as before 2026-11-23 08:30 UTC, instead of multiplied by 1 / l",
