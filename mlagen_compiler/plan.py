@@ -196,9 +196,13 @@ class GluonDecodePlan:
         return (self.block_n, self.consumer_regs, self.num_stages)
 
 
-def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int) -> int:
-    """Query tile, `stages` cache blocks, P, the alpha and row-sum vectors and the mbarriers (2-byte data)."""
-    return 2 * (block_m * (dc + dr) + stages * block_n * (dc + dr) + block_m * block_n) + 2 * 4 * block_m + 8 * 16
+def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int, land_pieces: int = 0) -> int:
+    """Query tile, `stages` cache blocks, P, the alpha, row-sum and query-scale vectors (2-byte data) and the
+    mbarriers: a ready / free pair a stage, seven for the query, P and the row sums, and (an fp8 cache's landing
+    producer) a pair for each of its land_pieces 64-column pieces. Layout conversions take a little scratch on
+    top (a few hundred bytes in the offline builds)."""
+    data = 2 * (block_m * (dc + dr) + stages * block_n * (dc + dr) + block_m * block_n) + 3 * 4 * block_m
+    return data + 8 * (2 * stages + 7 + 2 * land_pieces)
 
 
 #: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide).
@@ -223,11 +227,15 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         reasons.append(f"Dc/2 = {dc / 2:g} is not a power of two in 64..256 (the columns each warpgroup accumulates)")
     if dr not in (16, 32, 64, 128):
         reasons.append(f"Dr = {dr} is not a power of two in 16..128")
+    # the landing producer's pieces: 64 latent columns each, and the rope in pieces of min(Dr, 64) columns
+    land_pieces = dc // 64 + max(1, dr // 64) if cache_dtype in SCALED_CACHE_DTYPES else 0
     fitting = [
-        s for s in range(2, GLUON_MAX_STAGES + 1) if _gluon_smem_bytes(dc, dr, s, block_m, block_n) <= GLUON_MAX_SMEM
+        s
+        for s in range(2, GLUON_MAX_STAGES + 1)
+        if _gluon_smem_bytes(dc, dr, s, block_m, block_n, land_pieces) <= GLUON_MAX_SMEM
     ]
     if not fitting:
-        need = _gluon_smem_bytes(dc, dr, 2, block_m, block_n)
+        need = _gluon_smem_bytes(dc, dr, 2, block_m, block_n, land_pieces)
         reasons.append(f"query tile + 2 cache stages need {need} B of shared memory > {GLUON_MAX_SMEM}")
     stages = max(fitting) if fitting else 2
     fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
@@ -238,7 +246,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         block_n=block_n,
         dc_half=dc_half,
         num_stages=stages,
-        smem_bytes=_gluon_smem_bytes(dc, dr, stages, block_m, block_n),
+        smem_bytes=_gluon_smem_bytes(dc, dr, stages, block_m, block_n, land_pieces),
         consumer_regs=GLUON_DEFAULT_CONSUMER_REGS,
         producer_regs=40,
         gather_warps=4,
