@@ -70,20 +70,12 @@ def compile_offline(
     rows = seqlen_q * heads
     if producer is None:  # the launch's choice (gather: a cache whose pages TMA cannot address)
         producer, _, _ = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows)
-    land_warps = module.DECODE_GLUON_LAND_WARPS
-    if (
-        narrow
-        and hasattr(module, "gluon_narrow_rows")
-        and module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS)
-    ):
-        land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS
-    q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
-    # (a module generated before the narrow form takes no NARROW)
+    # the narrow form's width (0: rows as M; a module generated before the narrow form takes no NARROW)
     narrow_form = {}
     if hasattr(module, "gluon_narrow_rows"):
-        narrow_form["NARROW"] = module.gluon_narrow_rows(
-            seqlen_q * heads, module.DECODE_GLUON_NARROW_ROWS if narrow else 0
-        )
+        narrow_form["NARROW"] = module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS if narrow else 0)
+    land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_form.get("NARROW") else module.DECODE_GLUON_LAND_WARPS
+    q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     i32 = torch.empty(16, dtype=torch.int32)
     f32 = torch.empty(16, dtype=torch.float32)
     out = torch.empty(16, dtype=module.DTYPE)

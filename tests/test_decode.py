@@ -187,6 +187,37 @@ def test_decode_every_page_size(build_module, device, backend, page_size, cache_
         check_decode(module_for(build_module, problem), device, problem, backend)
 
 
+@pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)
+def test_gluon_narrow_and_wide_forms_both_match_the_reference(build_module, device, cache_dtype):
+    """16 query rows run the Gluon decode's narrow form (the MMAs 16 rows wide); the same inputs with the form
+    turned off run rows padded to 64. Both against the reference: page edges, an empty sequence, splits, NaN in
+    every unused slot. GPU only."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
+    require_backend(build_module, device, "gluon")
+    problem = dict(
+        heads=16,
+        dc=512,
+        dr=64,
+        page_size=64,
+        dtype="bfloat16",
+        cache_dtype=cache_dtype,
+        seqlen_q=1,
+        seqlens=[1, 63, 65, 0, 197, 700, 64, 129],
+        num_parts=7,
+        min_blocks=1,
+        tma=True,
+        nan_unused=True,
+        seed=4242,
+    )
+    module = module_for(build_module, problem)
+    assert module.gluon_narrow_rows(16, module.DECODE_GLUON_NARROW_ROWS) == 16
+    check_decode(module, device, problem, "gluon")
+    with patch.object(module, "DECODE_GLUON_NARROW_ROWS", 0):
+        assert module.gluon_narrow_rows(16, module.DECODE_GLUON_NARROW_ROWS) == 0
+        check_decode(module, device, problem, "gluon")
+
+
 def rows_off_word_boundaries(cache: torch.Tensor) -> torch.Tensor:
     """The cache copied into a view whose rows are one element longer than they are wide and whose first
     element is one element past its storage's start (the gaps hold NaN): neither rows nor pages start on a
