@@ -18,6 +18,17 @@
 #   bash benchmarks/device_2026-11-25.sh ring   the same for the landing ring of half blocks (3 slots below the
 #                                      narrow form's 16 query rows, 2 below 32), H16 Sq2 (2 slots) timed too
 #                                      (ran at c77cb32: correct and slower, reverted; the mode now times main)
+#   bash benchmarks/device_2026-11-25.sh profile   where the narrow form's time goes: ncu of one fp8 and one bf16
+#                                      H16 B128 S8192 launch (stalls per partition, shared-memory and throughput
+#                                      sections), then latency_probe.py's sweep of the H16 latency cases
+#   bash benchmarks/device_2026-11-25.sh group   landing pieces of DECODE_GLUON_LAND_GROUP chunks: the fp8 landing
+#                                      producer's GPU tests, narrow and wide, the Gluon property test, then the
+#                                      group variants (1: a handshake per chunk as before, 4, 8) against the
+#                                      shipped 2, bf16 beside them
+#   bash benchmarks/device_2026-11-25.sh latency   latency_probe.py --parts (the Gluon kernel at several run counts)
+#                                      on the H16 latency cases, then bench_decode.py's latency cases with both caches
+#   bash benchmarks/device_2026-11-25.sh final   the Gluon property test (ci profile: 50 examples), then
+#                                      bench_decode.py: the large cases (Gluon, both caches) and the latency cases
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail
@@ -110,5 +121,51 @@ ring)
   timeout 170 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 --backends gluon \
     --only "H16 B128 S8192 Sq1 fix,H16 B128 S8192 Sq2 fix,H16 B64 S32768,Mistral" 2>&1 | tee "$OUT/bench.log" \
     | grep -v "^#"
+  ;;
+group)
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
+    "(every_page_size and gluon and float8 and (64- or 128- or 256-)) or (off_word and gluon and float8) or fp8_decode_replays or narrow_and_wide" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 80 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "matches_reference and gluon" \
+    2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  timeout 200 python3 benchmarks/fp8_converter_variants.py --only "H16 B128,H16 B64,Mistral" \
+    --variants group1,group4 --out "$OUT/variants" 2>&1 | tee "$OUT/variants.log" | grep -v "^#"
+  timeout 90 python3 benchmarks/fp8_converter_variants.py --only "H16 B128" \
+    --variants group1,group8 --out "$OUT/variants8" 2>&1 | tee "$OUT/variants8.log" | grep -v "^#"
+  ;;
+latency)
+  timeout 240 python3 benchmarks/latency_probe.py --parts --only "B1 H16,skewed,B8 H16" 2>&1 \
+    | tee "$OUT/latency_parts.log"
+  timeout 200 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
+  ;;
+final)
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \
+    -k "matches_reference and gluon" 2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/main" --caches bf16,fp8 --backends gluon \
+    --only "H16 B128 S8192 Sq1 fix,H16 B128 S8192 Sq2 fix,H16 B64 S32768,Mistral,H128 B128 S8192 Sq1 fix" \
+    2>&1 | tee "$OUT/bench_main.log" | grep -v "^#"
+  timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/latency" --caches bf16,fp8 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4,H128 B1 S8192 graph,H128 B8 S8192 graph" 2>&1 \
+    | tee "$OUT/bench_latency.log" | grep -v "^#"
+  ;;
+profile)
+  ncu=/usr/local/cuda/bin/ncu
+  for cache in fp8 bf16; do
+    rep="/tmp/ncu_$cache"
+    timeout 100 "$ncu" --clock-control none --section SourceCounters --section WarpStateStats \
+      --kernel-name regex:gluon --launch-skip 3 --launch-count 1 -f -o "$rep" \
+      python3 benchmarks/profile_decode_once.py --heads 16 --cache "$cache" >> "$OUT/ncu.log" 2>&1
+    "$ncu" -i "$rep.ncu-rep" --page source --csv --print-source sass > "/tmp/src_$cache.csv" 2>> "$OUT/ncu.log"
+    python3 benchmarks/sass_partitions.py "/tmp/src_$cache.csv" --top 4 --stalled 14 | tee "$OUT/partitions_$cache.md"
+    timeout 100 "$ncu" --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+      --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis \
+      --metrics l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum,sm__cycles_elapsed.avg \
+      --kernel-name regex:gluon --launch-skip 3 --launch-count 1 -f -o "${rep}_mem" \
+      python3 benchmarks/profile_decode_once.py --heads 16 --cache "$cache" >> "$OUT/ncu.log" 2>&1
+    "$ncu" -i "${rep}_mem.ncu-rep" --page details > "$OUT/details_$cache.txt" 2>> "$OUT/ncu.log"
+    grep -iE "duration|throughput|shared|bank|pipe|wavefront|cycles|busy" "$OUT/details_$cache.txt" | head -60
+  done
+  timeout 240 python3 benchmarks/latency_probe.py --only "B1 H16,skewed,B8 H16" 2>&1 | tee "$OUT/latency_probe.log"
   ;;
 esac

@@ -179,6 +179,19 @@ VARIANTS = {
         "2 converting warps for the landing producer of the narrow form (shipped: 4; 2 before 2026-11-25 16:30 UTC)",
         [("DECODE_GLUON_NARROW_LAND_WARPS = 4", "DECODE_GLUON_NARROW_LAND_WARPS = 2")],
     ),
+    "group1": (
+        "the landing producer's handshake per 64-column chunk (nine a block at Dc 512: the form before "
+        "2026-11-25 18:30 UTC) instead of per piece of DECODE_GLUON_LAND_GROUP = 2 chunks",
+        [("DECODE_GLUON_LAND_GROUP = 2", "DECODE_GLUON_LAND_GROUP = 1")],
+    ),
+    "group4": (
+        "landing pieces of 4 latent chunks (three handshakes a block at Dc 512, two at Dc 256)",
+        [("DECODE_GLUON_LAND_GROUP = 2", "DECODE_GLUON_LAND_GROUP = 4")],
+    ),
+    "group8": (
+        "landing pieces of 8 latent chunks (all of Dc 512 in one: the next block's boxes wait for the whole block; Dc 512 only)",
+        [("DECODE_GLUON_LAND_GROUP = 2", "DECODE_GLUON_LAND_GROUP = 8")],
+    ),
     "land72": (
         "the landing producer at 72 registers instead of 80",
         [("DECODE_GLUON_LAND_REGS = 80", "DECODE_GLUON_LAND_REGS = 72")],

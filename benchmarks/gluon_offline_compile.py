@@ -71,9 +71,14 @@ def compile_offline(
     if producer is None:  # the launch's choice (gather: a cache whose pages TMA cannot address)
         producer, _, _ = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows)
     # the narrow form's width (0: rows as M; a module generated before the narrow form takes no NARROW)
-    narrow_form = {}
+    narrow_form = {}  # (and other keyword arguments that differ between module generations)
     if hasattr(module, "gluon_narrow_rows"):
         narrow_form["NARROW"] = module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS if narrow else 0)
+    # the landing producer's mbarrier pairs (a module generated before landing pieces has one per chunk)
+    if hasattr(module, "_GLUON_LAND_PIECES"):
+        narrow_form["LAND_PIECES"] = module._GLUON_LAND_PIECES if producer == "land" else 1
+    else:
+        narrow_form["LAND_CHUNKS"] = module._GLUON_LAND_CHUNKS if producer == "land" else 1
     land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_form.get("NARROW") else module.DECODE_GLUON_LAND_WARPS
     q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     i32 = torch.empty(16, dtype=torch.int32)
@@ -120,7 +125,6 @@ def compile_offline(
         P_LAYOUT=module._GLUON_LAYOUT_P,
         PRODUCER=producer,
         ZERO_TAIL=producer in ("tma", "land"),
-        LAND_CHUNKS=module._GLUON_LAND_CHUNKS if producer == "land" else 1,
         STAGE_DTYPE=gl.float16 if scaled else module._GLUON_DTYPE,
         PRODUCER_WARPS={"tma": 1, "land": land_warps}.get(producer, module.DECODE_GLUON_GATHER_WARPS),
         ISSUER_REGS=module.DECODE_GLUON_PRODUCER_REGS,

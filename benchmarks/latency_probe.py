@@ -1,6 +1,6 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
-    python benchmarks/latency_probe.py [--only NAME,...] [--quick]
+    python benchmarks/latency_probe.py [--only NAME,...] [--quick | --tiles | --parts]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
@@ -131,6 +131,11 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
     knobs_list = sweep_for(case, module, sms)
     if mode == "quick":  # each backend's default schedule with its combine launch, as a programmatic dependent or not
         knobs_list = [dict(backend=b, merge="kernel", pdl=pdl) for b in ("gluon", "triton") for pdl in (True, False)]
+    elif mode == "parts":  # the Gluon kernel's runs: fewer, longer runs (fewer partial rows to merge) and more
+        slots = [sms // 4, sms // 2, 3 * sms // 4, sms, 2 * sms]
+        aligned = [k * batch for k in (4, 8, 12, 16, 24, 32) if k * batch <= 2 * sms]
+        knobs_list = [dict(backend="gluon", merge="kernel", num_parts=n, min_blocks_per_part=1)
+                      for n in sorted(set(slots + aligned))]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
         knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
     for knobs in knobs_list:
@@ -185,6 +190,7 @@ def main() -> int:
     parser.add_argument("--only", default="")
     parser.add_argument("--quick", action="store_true", help="only each backend's default, PDL on and off")
     parser.add_argument("--tiles", action="store_true", help="auto's schedule with every combine tile instead")
+    parser.add_argument("--parts", action="store_true", help="the Gluon kernel at several run counts instead")
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -199,7 +205,8 @@ def main() -> int:
         for case in CASES:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            lines += run_case(case, Path(tmp), gen, sms, "tiles" if args.tiles else "quick" if args.quick else "")
+            mode = "tiles" if args.tiles else "parts" if args.parts else "quick" if args.quick else ""
+            lines += run_case(case, Path(tmp), gen, sms, mode)
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]
     print(f"\n{len(lines)} rows, {len(failed)} failed")

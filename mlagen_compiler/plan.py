@@ -178,6 +178,8 @@ class GluonDecodePlan:
     #: the 64-row accumulator). H100, H16 B128 fp8 (2026-11-25): 4 warps 255 us, 2 warps 261
     land_warps: int
     narrow_land_warps: int
+    #: its latent 64-column chunks per landing piece: one mbarrier handshake, read and converted together
+    land_group: int
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
@@ -199,7 +201,7 @@ class GluonDecodePlan:
 def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int, land_pieces: int = 0) -> int:
     """Query tile, `stages` cache blocks, P, the alpha, row-sum and query-scale vectors (2-byte data) and the
     mbarriers: a ready / free pair a stage, seven for the query, P and the row sums, and (an fp8 cache's landing
-    producer) a pair for each of its land_pieces 64-column pieces. Layout conversions take a little scratch on
+    producer) a pair for each of its land_pieces pieces. Layout conversions take a little scratch on
     top (a few hundred bytes in the offline builds)."""
     data = 2 * (block_m * (dc + dr) + stages * block_n * (dc + dr) + block_m * block_n) + 3 * 4 * block_m
     return data + 8 * (2 * stages + 7 + 2 * land_pieces)
@@ -210,6 +212,9 @@ def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int,
 #: bf16 412 / 418, the B8 / skewed latency cases 39.5 / 38.3 against 46.4 / 49.1 us replayed; 32 wide did not
 #: pay: Mistral-Small-4 (H32) fp8 217 against 183 us, bf16 246 / 242, H16 Sq2 bf16 419 / 420
 NARROW_ROWS = 16
+#: latent 64-column chunks the fp8 landing producer lands, reads and converts per mbarrier handshake (a power
+#: of two; Dc / 64 at most)
+LAND_GROUP = 2
 #: most ring stages offered: past 4 a 64-position block is already > 10 us of transfers ahead
 GLUON_MAX_STAGES = 4
 #: registers of the second (P V) warpgroup offered to the tuner (setmaxnreg: multiples of 8; the softmax
@@ -227,8 +232,9 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         reasons.append(f"Dc/2 = {dc / 2:g} is not a power of two in 64..256 (the columns each warpgroup accumulates)")
     if dr not in (16, 32, 64, 128):
         reasons.append(f"Dr = {dr} is not a power of two in 16..128")
-    # the landing producer's pieces: 64 latent columns each, and the rope in pieces of min(Dr, 64) columns
-    land_pieces = dc // 64 + max(1, dr // 64) if cache_dtype in SCALED_CACHE_DTYPES else 0
+    # the landing producer's pieces: land_group 64-column latent chunks each, and one for the rope
+    land_group = min(LAND_GROUP, dc // 64)
+    land_pieces = dc // 64 // land_group + 1 if cache_dtype in SCALED_CACHE_DTYPES else 0
     fitting = [
         s
         for s in range(2, GLUON_MAX_STAGES + 1)
@@ -258,6 +264,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         land_regs=80,
         land_warps=2,
         narrow_land_warps=4,
+        land_group=land_group,
         narrow_rows=NARROW_ROWS,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),

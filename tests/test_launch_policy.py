@@ -226,3 +226,16 @@ def test_gluon_narrow_form_up_to_its_row_limit():
     assert [lp.gluon_narrow_rows(rows, 32) for rows in (1, 15, 16, 17, 32, 33, 64)] == [16, 16, 16, 32, 32, 0, 0]
     assert lp.gluon_narrow_rows(16, 16) == 16 and lp.gluon_narrow_rows(17, 16) == 0
     assert lp.gluon_narrow_rows(1, 0) == 0  # off
+
+
+def test_gluon_small_narrow_batches_take_half_the_sms_and_short_runs():
+    common = dict(small_batch=8, min_blocks_per_part=5)
+    assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=1, **common) == (66, 1)
+    assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=8, **common) == (66, 1)
+    # a larger batch, or rows as the MMAs' M (narrow 0): every SM and the cost rule
+    assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=9, **common) == (132, 5)
+    assert lp.gluon_small_batch_schedule(132, narrow=0, batch_size=1, **common) == (132, 5)
+    assert lp.gluon_small_batch_schedule(1, narrow=16, batch_size=1, **common) == (1, 1)
+    # the slots then go through decode_num_parts: aligned runs for B8 (8 a sequence), balanced for B4 skewed
+    slots, _ = lp.gluon_small_batch_schedule(132, narrow=16, batch_size=8, **common)
+    assert lp.decode_num_parts(None, sm_count=slots, parts_per_sm=1, row_blocks=1, batch_size=8, align_runs=True) == 64

@@ -101,9 +101,12 @@ def test_fp8_cache_plan():
     assert (dict(bf16.min_blocks_per_part)[(64, 64)], dict(decode.min_blocks_per_part)[(64, 64)]) == (5, 10)
     assert bf16.gluon.eligible and decode.gluon.eligible and not decode.gluon.reason
     assert decode.gluon.convert_cache and not bf16.gluon.convert_cache
-    # the same stages; the landing producer's mbarriers (a pair for each of its 9 pieces) on top
+    # the same stages; the landing producer's mbarriers on top: a pair for each of its pieces (the 8 latent
+    # chunks land_group at a time, then the rope)
     assert decode.gluon.num_stages == bf16.gluon.num_stages
-    assert decode.gluon.smem_bytes == bf16.gluon.smem_bytes + 2 * 9 * 8
+    pieces = 8 // decode.gluon.land_group + 1
+    assert 8 % decode.gluon.land_group == 0
+    assert decode.gluon.smem_bytes == bf16.gluon.smem_bytes + 2 * pieces * 8
     assert decode.gluon.land_rows == decode.gluon.block_m // 2
     assert fp8.summary()["decode"]["backend"].startswith(
         "gluon (float8_e4m3fn cache converted to float16 in shared memory; landed by TMA in the query tile's"
