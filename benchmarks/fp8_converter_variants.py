@@ -189,7 +189,8 @@ VARIANTS = {
         [("DECODE_GLUON_LAND_GROUP = 2", "DECODE_GLUON_LAND_GROUP = 4")],
     ),
     "group8": (
-        "landing pieces of 8 latent chunks (all of Dc 512 in one: the next block's boxes wait for the whole block; Dc 512 only)",
+        "landing pieces of 8 latent chunks (all of Dc 512 in one: the next block's boxes wait for the whole "
+        "block; Dc 512 only)",
         [("DECODE_GLUON_LAND_GROUP = 2", "DECODE_GLUON_LAND_GROUP = 8")],
     ),
     "land72": (

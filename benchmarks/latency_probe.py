@@ -134,8 +134,10 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
     elif mode == "parts":  # the Gluon kernel's runs: fewer, longer runs (fewer partial rows to merge) and more
         slots = [sms // 4, sms // 2, 3 * sms // 4, sms, 2 * sms]
         aligned = [k * batch for k in (4, 8, 12, 16, 24, 32) if k * batch <= 2 * sms]
-        knobs_list = [dict(backend="gluon", merge="kernel", num_parts=n, min_blocks_per_part=1)
-                      for n in sorted(set(slots + aligned))]
+        knobs_list = [
+            dict(backend="gluon", merge="kernel", num_parts=n, min_blocks_per_part=1)
+            for n in sorted(set(slots + aligned))
+        ]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
         knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
     for knobs in knobs_list:
