@@ -29,6 +29,9 @@
 #                                      on the H16 latency cases, then bench_decode.py's latency cases with both caches
 #   bash benchmarks/device_2026-11-25.sh final   the Gluon property test (ci profile: 50 examples), then
 #                                      bench_decode.py: the large cases (Gluon, both caches) and the latency cases
+#                                      (run 17:49 UTC: the property test met its 170 s limit on a cold machine)
+#   bash benchmarks/device_2026-11-25.sh confirm   the Gluon property test (ci profile, 330 s limit), then the
+#                                      narrow latency cases with both caches (bench_decode.py)
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail
@@ -148,6 +151,12 @@ final)
   timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/latency" --caches bf16,fp8 \
     --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4,H128 B1 S8192 graph,H128 B8 S8192 graph" 2>&1 \
     | tee "$OUT/bench_latency.log" | grep -v "^#"
+  ;;
+confirm)
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 330 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \
+    -k "matches_reference and gluon" 2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  timeout 150 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4 Sq1" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
   ;;
 profile)
   ncu=/usr/local/cuda/bin/ncu

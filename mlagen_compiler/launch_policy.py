@@ -190,19 +190,21 @@ def gluon_narrow_rows(query_rows, narrow_rows):
     return 16 if query_rows <= 16 else 32
 
 
-def gluon_small_batch_schedule(sm_count, *, narrow, batch_size, small_batch, min_blocks_per_part):
+def gluon_small_batch_schedule(sm_count, *, narrow, batch_size, small_batch, min_blocks_per_part, fp8_cache):
     """(program slots, fewest cache blocks a run) of a Gluon launch: every SM and the plan's cost rule, but
     for a small batch (at most small_batch sequences) in the narrow form (narrow: its width, 0 where rows are
-    the MMAs' M) half the SMs and runs as short as one block. Such a launch reads the cache no faster
-    with more programs, and every run adds a partial result for the combine to read.
+    the MMAs' M) with a 16-bit cache, half the SMs and runs as short as one block. Such a launch reads the
+    cache no faster with more programs, and every run adds a partial result for the combine to read.
 
-    Measured on the H100 (bf16, 2026-11-25, graph-replayed; latency_probe.py --parts): lengths [4641, 45118,
-    1730, 1696] H16 Sq1 36.4 us at 66 runs against 38.3-38.9 at 132 (combine 3.8 against 5.5), B8 H16 40.2
-    at 64 against 39.9 at 128, B1 H16 13.3 at 66 runs of one or two blocks against 16.2 at 132 with the cost
-    rule's five (26 runs). Rows as M (Sq4 of that batch: 57.7 at 66 against 61.7) are left out: B8 H128
-    and other compute-bound small batches need every SM.
+    Measured on the H100 (bf16, 2026-11-25, graph-replayed; latency_probe.py --parts, bench_decode.py):
+    lengths [4641, 45118, 1730, 1696] H16 Sq1 36.4-36.7 us at 64-66 runs against 38.3-38.9 at 132 (combine
+    3.8 against 5.5), B8 H16 39.9-40.2 at 64 against 39.9 at 128, B1 H16 12.6-13.3 at 66 runs of one or two
+    blocks against 16.2 at 132 with the cost rule's five (26 runs). Left out: rows as M (Sq4 of that batch:
+    57.7 at 66 against 61.7, but B8 H128 and other compute-bound small batches need every SM), and an fp8
+    cache, whose landing producer keeps one block in flight a program (B8 H16 46.2 against 33.1 us, the
+    skewed batch 47.8 against 36.1).
     """
-    if narrow and batch_size <= small_batch:
+    if narrow and batch_size <= small_batch and not fp8_cache:
         return max(1, sm_count // 2), 1
     return sm_count, min_blocks_per_part
 
