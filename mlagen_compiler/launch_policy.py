@@ -50,7 +50,8 @@ def select_decode_backend(
     (knobs_given) or the whole batch has at most latency_rows query rows (B * H * Sq): measured on the
     H100 (S=8192, graph-replayed), B=1, H=16 ran 13.9 us portable against 21.9 us Gluon, B=8 47.7 Gluon
     against 58.8 us; with the Gluon kernel's narrow form (2026-11-25) B=1 13.3 against 16.2, B=8 39.5 Gluon
-    against 58.8.
+    against 58.8; with gluon_small_batch_schedule B=1 13.3-13.4 portable against 12.6-12.7 Gluon (bf16), and
+    15.5-15.6 against 16.2-21.6 with an fp8 cache: too close to move the rule.
     """
     if requested not in ("auto",) + DECODE_BACKENDS:
         raise _policy_error("MLAGEN_DECODE_BACKEND", f"expected auto, gluon or triton, got {requested!r}")
