@@ -43,7 +43,7 @@ MILESTONES = [
     "softmax wg: LSE stored",
     "P@V wg: row sums received",
     "softmax wg: last block done",
-    "softmax wg store: row sums in the output layout",
+    "softmax wg store: 1 / row sums",
     "softmax wg store: rows divided",
     "softmax wg store: stores issued",
 ]
@@ -67,7 +67,7 @@ _FIRST_PIECE = "                if piece == 0:\n                    _probe_stamp
 #: the end of a partition's store of its output half (the softmax and the P @ V warpgroup differ in `first`)
 _STORED = (
     "{first}, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,\n"
-    "                                  SQ, H, DC_HALF, BLOCK_M, SCALED)\n"
+    "                                  SQ, H, DC_HALF, BLOCK_M, SCALED, NARROW)\n"
 )
 
 
@@ -131,18 +131,18 @@ def probe_edits(address: int) -> list[tuple[str, str]]:
             "                mbarrier.arrive(l_free)\n" + _FIRST_PIECE.format(slot=11),
         ),
         (
-            "        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))\n",
-            "        l_o = gl.convert_layout(l_i, gl.SliceLayout(1, o_layout))\n"
-            "        if col0 == 0:\n            _probe_stamp(13, gl.sum(l_o, 0))\n",
+            "        else:\n            inv_l = 1.0 / gl.where(l_i > 0.0, l_i, 1.0)\n",
+            "        else:\n            inv_l = 1.0 / gl.where(l_i > 0.0, l_i, 1.0)\n"
+            "        if col0 == 0:\n            _probe_stamp(13, gl.sum(inv_l, 0))\n",
         ),
         (
-            "        mask = (rows < SQ * H)[:, None] & (cols >= 0)[None, :]\n",
-            "        mask = (rows < SQ * H)[:, None] & (cols >= 0)[None, :]\n"
+            "            rows_axis: gl.constexpr = 1\n",
+            "            rows_axis: gl.constexpr = 1\n"
             "        if col0 == 0:\n            _probe_stamp(14, gl.sum(gl.sum(out, 1), 0))\n",
         ),
         (
-            "            gl.store(op_rows[:, None] + cols[None, :], out, mask=mask)\n",
-            "            gl.store(op_rows[:, None] + cols[None, :], out, mask=mask)\n"
+            "            gl.store(gl.expand_dims(op_rows, rows_axis) + cols, out, mask=mask)\n",
+            "            gl.store(gl.expand_dims(op_rows, rows_axis) + cols, out, mask=mask)\n"
             "        if col0 == 0:\n            _probe_stamp(15, b)\n",
         ),
         (
@@ -163,6 +163,7 @@ CASES = [
     ("B1 H128 S8192", "deepseek-v3-tp1", 128, [8192], 1),
     ("B8 H16 S8192", "deepseek-v3-tp8", 16, [8192] * 8, 1),
     ("skewed H16 Sq1", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 1),
+    ("skewed H16 Sq4", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 4),
     ("B132 H16 S64 (one block a program)", "deepseek-v3-tp8", 16, [64] * 132, 1),
 ]
 
