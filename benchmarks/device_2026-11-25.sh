@@ -21,7 +21,7 @@
 #   bash benchmarks/device_2026-11-25.sh profile   where the narrow form's time goes: ncu of one fp8 and one bf16
 #                                      H16 B128 S8192 launch (stalls per partition, shared-memory and throughput
 #                                      sections), then latency_probe.py's sweep of the H16 latency cases
-#   bash benchmarks/device_2026-11-25.sh group   landing pieces of DECODE_GLUON_LAND_GROUP chunks: the fp8 landing
+#   bash benchmarks/device_2026-11-25.sh group   landing pieces of plan.LAND_GROUP chunks: the fp8 landing
 #                                      producer's GPU tests, narrow and wide, the Gluon property test, then the
 #                                      group variants (1: a handshake per chunk as before, 4, 8) against the
 #                                      shipped 2, bf16 beside them

@@ -70,6 +70,15 @@ def _gluon_prefetch_block(KV, row0, DC: gl.constexpr, DR: gl.constexpr, BLOCK_N:
 """
 
 
+#: the launch's landing pieces (the plan's: Dc / 64 / plan.LAND_GROUP latent pieces and the rope's), and the same
+#: for `group` latent chunks a piece, in a text that every fp8 module shares
+_LAND_PIECES = 'LAND_PIECES=DECODE_GLUON_LAND_PIECES if producer == "land" else 1,'
+
+
+def _land_pieces(group: int) -> str:
+    return f'LAND_PIECES=KV_LORA_RANK // 64 // {group} + 1 if producer == "land" else 1,'
+
+
 def _prefetch_edits(ahead: int) -> list[tuple[str, str]]:
     """The landing issuer prefetches block blk + ahead into L2 when it issues block blk's boxes."""
     body = (
@@ -181,17 +190,17 @@ VARIANTS = {
     ),
     "group1": (
         "the landing producer's handshake per 64-column chunk (nine a block at Dc 512: the form before "
-        "2026-11-25 18:30 UTC) instead of per piece of DECODE_GLUON_LAND_GROUP = 2 chunks",
-        [("DECODE_GLUON_LAND_GROUP = 2", "DECODE_GLUON_LAND_GROUP = 1")],
+        "2026-11-25 18:30 UTC) instead of per piece of plan.LAND_GROUP = 2 chunks",
+        [(_LAND_PIECES, _land_pieces(1))],
     ),
     "group4": (
         "landing pieces of 4 latent chunks (three handshakes a block at Dc 512, two at Dc 256)",
-        [("DECODE_GLUON_LAND_GROUP = 2", "DECODE_GLUON_LAND_GROUP = 4")],
+        [(_LAND_PIECES, _land_pieces(4))],
     ),
     "group8": (
         "landing pieces of 8 latent chunks (all of Dc 512 in one: the next block's boxes wait for the whole "
         "block; Dc 512 only)",
-        [("DECODE_GLUON_LAND_GROUP = 2", "DECODE_GLUON_LAND_GROUP = 8")],
+        [(_LAND_PIECES, _land_pieces(8))],
     ),
     "land72": (
         "the landing producer at 72 registers instead of 80",

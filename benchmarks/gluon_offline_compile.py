@@ -75,7 +75,9 @@ def compile_offline(
     if hasattr(module, "gluon_narrow_rows"):
         narrow_form["NARROW"] = module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS if narrow else 0)
     # the landing producer's mbarrier pairs (a module generated before landing pieces has one per chunk)
-    if hasattr(module, "_GLUON_LAND_PIECES"):
+    if hasattr(module, "DECODE_GLUON_LAND_PIECES"):
+        narrow_form["LAND_PIECES"] = module.DECODE_GLUON_LAND_PIECES if producer == "land" else 1
+    elif hasattr(module, "_GLUON_LAND_PIECES"):  # (the pieces computed in the module, 2026-11-25 17:30-18:50 UTC)
         narrow_form["LAND_PIECES"] = module._GLUON_LAND_PIECES if producer == "land" else 1
     else:
         narrow_form["LAND_CHUNKS"] = module._GLUON_LAND_CHUNKS if producer == "land" else 1

@@ -179,8 +179,10 @@ class GluonDecodePlan:
     #: the 64-row accumulator). H100, H16 B128 fp8 (2026-11-25): 4 warps 255 us, 2 warps 261
     land_warps: int
     narrow_land_warps: int
-    #: its latent 64-column chunks per landing piece: one mbarrier handshake, read and converted together
+    #: its latent 64-column chunks per landing piece (one mbarrier handshake, read and converted together), and
+    #: its pieces: the latent's Dc / 64 / land_group, then one for the rope
     land_group: int
+    land_pieces: int
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
@@ -236,14 +238,16 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         reasons.append(f"Dr = {dr} is not a power of two in 16..128")
     # the landing producer's pieces: land_group 64-column latent chunks each, and one for the rope
     land_group = min(LAND_GROUP, dc // 64)
-    land_pieces = dc // 64 // land_group + 1 if cache_dtype in SCALED_CACHE_DTYPES else 0
+    land_pieces = dc // 64 // land_group + 1
+    # (its mbarriers take shared memory only with an fp8 cache)
+    smem_pieces = land_pieces if cache_dtype in SCALED_CACHE_DTYPES else 0
     fitting = [
         s
         for s in range(2, GLUON_MAX_STAGES + 1)
-        if _gluon_smem_bytes(dc, dr, s, block_m, block_n, land_pieces) <= GLUON_MAX_SMEM
+        if _gluon_smem_bytes(dc, dr, s, block_m, block_n, smem_pieces) <= GLUON_MAX_SMEM
     ]
     if not fitting:
-        need = _gluon_smem_bytes(dc, dr, 2, block_m, block_n, land_pieces)
+        need = _gluon_smem_bytes(dc, dr, 2, block_m, block_n, smem_pieces)
         reasons.append(f"query tile + 2 cache stages need {need} B of shared memory > {GLUON_MAX_SMEM}")
     stages = max(fitting) if fitting else 2
     fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
@@ -254,7 +258,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         block_n=block_n,
         dc_half=dc_half,
         num_stages=stages,
-        smem_bytes=_gluon_smem_bytes(dc, dr, stages, block_m, block_n, land_pieces),
+        smem_bytes=_gluon_smem_bytes(dc, dr, stages, block_m, block_n, smem_pieces),
         consumer_regs=GLUON_DEFAULT_CONSUMER_REGS,
         producer_regs=40,
         gather_warps=4,
@@ -267,6 +271,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         land_warps=2,
         narrow_land_warps=4,
         land_group=land_group,
+        land_pieces=land_pieces,
         narrow_rows=NARROW_ROWS,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
