@@ -32,9 +32,6 @@
 #                                      (run 17:49 UTC: the property test met its 170 s limit on a cold machine)
 #   bash benchmarks/device_2026-11-25.sh confirm   the Gluon property test (ci profile, 330 s limit), then the
 #                                      narrow latency cases with both caches (bench_decode.py)
-#   bash benchmarks/device_2026-11-25.sh trigger   the Gluon split kernel triggering its dependent combine launch at
-#                                      its start: GPU tests (graph replays, raw launch, merges), then
-#                                      latency_probe.py --trigger (triggered against not, in turn, and the portable)
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail
@@ -144,14 +141,6 @@ latency)
     | tee "$OUT/latency_parts.log"
   timeout 200 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
     --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
-  ;;
-trigger)
-  timeout 220 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py \
-    tests/test_prepared_launch.py tests/test_ops.py \
-    -k "(every_page_size and gluon and (16- or 64-)) or (off_word and gluon) or fp8_decode_replays or raw_launch_gives or fused_merge_trees or cuda_graph" \
-    2>&1 | tail -25 | tee "$OUT/pytest.log"
-  timeout 330 python3 benchmarks/latency_probe.py --trigger --only "${2:-B1 H16,skewed,B8 H16,B1 H128}" 2>&1 \
-    | tee "$OUT/latency_trigger.log"
   ;;
 final)
   MLAGEN_HYPOTHESIS_PROFILE=ci timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \

@@ -1,16 +1,12 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
-    python benchmarks/latency_probe.py [--only NAME,...] [--quick | --tiles | --parts | --trigger]
+    python benchmarks/latency_probe.py [--only NAME,...] [--quick | --tiles | --parts]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
 CUDA-graph replay median, each kernel's device time (torch profiler, eager calls) and the check against the
 fp32 reference: outputs are NaN-poisoned before the checked call and again before one replay of the timed
 graph, which is checked too. First the floor: replay time of graphs of one and of two empty kernels.
-
---trigger: the Gluon default schedule with its combine as a programmatic dependent launch, the split kernel
-triggering it at its start (as shipped) and not (a variant module: the combine then launches as the last
-program ends), twice each in turn; then without PDL, and the portable kernel's default.
 """
 
 from __future__ import annotations
@@ -40,8 +36,6 @@ from bench_decode import (  # noqa: E402
     time_graph,
     v3_spec,
 )
-
-from mlagen_compiler import import_module_from_path  # noqa: E402
 
 SKEWED = [4641, 45118, 1730, 1696]
 CASES = [
@@ -128,22 +122,8 @@ def sweep_for(case: Case, module, sms: int) -> list[dict]:
     return out
 
 
-#: the Gluon split launch's PDL argument (its early trigger of the combine launch) in a generated module
-_GLUON_TRIGGER = "DECODE_GLUON_NARROW_ROWS), PDL=schedule.pdl),"
-
-
-def untriggered_module(module, tmp: Path):
-    """The module with its Gluon split kernel never triggering the combine launch early (PDL=False)."""
-    source = Path(module.__file__).read_text()
-    assert source.count(_GLUON_TRIGGER) == 1, "the Gluon launch's PDL argument moved: update _GLUON_TRIGGER"
-    path = tmp / f"{Path(module.__file__).stem}_untriggered.py"
-    path.write_text(source.replace(_GLUON_TRIGGER, "DECODE_GLUON_NARROW_ROWS), PDL=False),"))
-    return import_module_from_path(path)
-
-
 def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -> list[str]:
     module = module_for(case.spec, case.num_heads, tmp)
-    modules = {"": module}
     q, kv, table, lens, _ = make_inputs(module, case.seqlens, case.seqlen_q, gen)
     batch = len(case.seqlens)
     nbytes, _ = bytes_and_flops(module, case.seqlens, case.seqlen_q)
@@ -158,20 +138,11 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
             dict(backend="gluon", merge="kernel", num_parts=n, min_blocks_per_part=1)
             for n in sorted(set(slots + aligned))
         ]
-    elif mode == "trigger":
-        modules["untriggered "] = untriggered_module(module, tmp)
-        knobs_list = [
-            *[dict(backend="gluon", merge="kernel", pdl=True, module=name) for _ in range(2) for name in modules],
-            dict(backend="gluon", merge="kernel", pdl=False),
-            dict(backend="triton", merge="kernel", pdl=True),
-        ]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
         knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
     for knobs in knobs_list:
         knobs = dict(knobs)
         tile = knobs.pop("tile", None)
-        label = knobs.pop("module", "")
-        module = modules[label]
         try:
             tiles = module.DECODE_COMBINE_TILES
             if tile is not None:
@@ -186,7 +157,7 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         out = torch.empty((batch, case.seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), dtype=q.dtype, device="cuda")
         lse = torch.empty((batch, module.NUM_HEADS, case.seqlen_q), dtype=torch.float32, device="cuda")
 
-        def call(schedule=schedule, out=out, lse=lse, module=module):
+        def call(schedule=schedule, out=out, lse=lse):
             return module.mla_decode(q, kv, table, lens, schedule=schedule, out=out, lse=lse, return_lse=True)
 
         try:
@@ -208,7 +179,7 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         )
         kt = " ".join(f"{k}={v:.1f}" for k, v in times.items())
         line = (
-            f"{case.name} | {label}{cfg} | graph {graph_us:.1f} us ({nbytes / graph_us / 1e3:.0f} GB/s) | "
+            f"{case.name} | {cfg} | graph {graph_us:.1f} us ({nbytes / graph_us / 1e3:.0f} GB/s) | "
             f"kernels {sum(times.values()):.1f} us: {kt} | {'ok' if not msg else 'FAIL ' + msg}"
         )
         print(line, flush=True)
@@ -222,7 +193,6 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="only each backend's default, PDL on and off")
     parser.add_argument("--tiles", action="store_true", help="auto's schedule with every combine tile instead")
     parser.add_argument("--parts", action="store_true", help="the Gluon kernel at several run counts instead")
-    parser.add_argument("--trigger", action="store_true", help="the Gluon combine triggered early or not")
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -237,7 +207,7 @@ def main() -> int:
         for case in CASES:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            mode = next((name for name in ("tiles", "parts", "quick", "trigger") if getattr(args, name)), "")
+            mode = "tiles" if args.tiles else "parts" if args.parts else "quick" if args.quick else ""
             lines += run_case(case, Path(tmp), gen, sms, mode)
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]
