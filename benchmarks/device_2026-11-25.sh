@@ -32,6 +32,14 @@
 #                                      (run 17:49 UTC: the property test met its 170 s limit on a cold machine)
 #   bash benchmarks/device_2026-11-25.sh confirm   the Gluon property test (ci profile, 330 s limit), then the
 #                                      narrow latency cases with both caches (bench_decode.py)
+#   bash benchmarks/device_2026-11-25.sh runs   runs of one sequence each for small batches (SEQUENCE_RUNS): GPU
+#                                      tests (merges, skewed batches, the schedule), then latency_probe.py --runs
+#                                      (runs of one sequence each against equal runs, in turn; ran 19:23 UTC with
+#                                      the policy then: every small batch, both backends)
+#   bash benchmarks/device_2026-11-25.sh confirm2   the Gluon property test (ci profile), then gluon_timeline_probe.py
+#                                      on the skewed Sq4 batch
+#   bash benchmarks/device_2026-11-25.sh tall   the same, runs of one sequence each for tall rows only: GPU tests,
+#                                      latency_probe.py --runs, bench_decode.py's latency cases (both caches)
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail
@@ -142,6 +150,24 @@ latency)
   timeout 200 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
     --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
   ;;
+runs)
+  timeout 240 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py \
+    tests/test_prepared_launch.py \
+    -k "(every_page_size and gluon and (16- or 64-)) or (off_word and gluon) or fused_merge_trees or many_runs_in_steps or skewed_small_batch or as_short_as_fit or fp8_decode_replays or raw_launch_gives" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 320 python3 benchmarks/latency_probe.py --runs --only "${2:-skewed,B8 H16}" 2>&1 | tee "$OUT/latency_runs.log"
+  ;;
+tall)
+  # runs of one sequence each for the Gluon kernel's tall rows only (decode_sequence_runs): GPU tests with the
+  # Gluon property test, latency_probe.py --runs (forced either way), then bench_decode.py's latency cases
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py \
+    -k "(every_page_size and gluon and 64-) or fused_merge_trees or many_runs_in_steps or skewed_small_batch or fit_the_runs or fp8_decode_replays or (matches_reference and gluon)" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 150 python3 benchmarks/latency_probe.py --runs --only "${2:-skewed Sq4,B8 H128}" 2>&1 \
+    | tee "$OUT/latency_runs.log"
+  timeout 220 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
+  ;;
 final)
   MLAGEN_HYPOTHESIS_PROFILE=ci timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \
     -k "matches_reference and gluon" 2>&1 | tail -25 | tee "$OUT/pytest_property.log"
@@ -157,6 +183,13 @@ confirm)
     -k "matches_reference and gluon" 2>&1 | tail -25 | tee "$OUT/pytest_property.log"
   timeout 150 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
     --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4 Sq1" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
+  ;;
+confirm2)
+  # the final code: the Gluon property test (ci profile) and the timeline of the skewed Sq4 batch
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 300 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \
+    -k "matches_reference and gluon" 2>&1 | tail -25 | tee "$OUT/pytest_property.log"
+  timeout 120 python3 benchmarks/gluon_timeline_probe.py --out "$OUT" --only "skewed H16 Sq4" 2>&1 \
+    | tee "$OUT/timeline.log"
   ;;
 profile)
   ncu=/usr/local/cuda/bin/ncu

@@ -51,6 +51,7 @@ def compile_offline(
     consumer_regs: int | None = None,
     producer: str | None = None,
     narrow: bool = True,
+    sequence_runs: bool = False,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.experimental.gluon import language as gl
@@ -81,6 +82,8 @@ def compile_offline(
         narrow_form["LAND_PIECES"] = module._GLUON_LAND_PIECES if producer == "land" else 1
     else:
         narrow_form["LAND_CHUNKS"] = module._GLUON_LAND_CHUNKS if producer == "land" else 1
+    if "SEQUENCE_RUNS" in module._mla_decode_gluon_kernel.arg_names:  # (runs of one sequence each, since 20:00 UTC)
+        narrow_form["SEQUENCE_RUNS"] = sequence_runs
     land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_form.get("NARROW") else module.DECODE_GLUON_LAND_WARPS
     q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     i32 = torch.empty(16, dtype=torch.int32)
@@ -179,10 +182,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
     parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
     parser.add_argument("--wide", action="store_true", help="rows as the MMAs' M even where the narrow form applies")
+    parser.add_argument("--sequence-runs", action="store_true", help="runs that never cross a sequence's end")
     parser.add_argument("--regs", type=int, help="registers of the P @ V warpgroups (default: the module's)")
     args = parser.parse_args(argv)
     result = compile_offline(
-        args.module, args.sq, args.gather, not args.combine_kernel, args.regs, args.producer, not args.wide
+        args.module,
+        args.sq,
+        args.gather,
+        not args.combine_kernel,
+        args.regs,
+        args.producer,
+        not args.wide,
+        args.sequence_runs,
     )
     kernel = result.pop("kernel")
     print(result)

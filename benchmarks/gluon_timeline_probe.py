@@ -77,8 +77,8 @@ def probe_edits(address: int) -> list[tuple[str, str]]:
         (_KERNEL, _STAMP.format(address=address, slots=SLOTS) + _KERNEL),
         ("        part = gl.program_id(1)\n", "        part = gl.program_id(1)\n        _probe_stamp(0, part)\n"),
         (
-            "            SEQLENS, batch, num_parts, min_blocks_per_part, part, BLOCK_N, BLOCK_B)\n",
-            "            SEQLENS, batch, num_parts, min_blocks_per_part, part, BLOCK_N, BLOCK_B)\n"
+            "            SEQLENS, batch, num_parts, min_blocks_per_part, part, BLOCK_N, BLOCK_B, SEQUENCE_RUNS)\n",
+            "            SEQLENS, batch, num_parts, min_blocks_per_part, part, BLOCK_N, BLOCK_B, SEQUENCE_RUNS)\n"
             "        _probe_stamp(1, run_hi)\n",
         ),
         (

@@ -1,12 +1,15 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
-    python benchmarks/latency_probe.py [--only NAME,...] [--quick | --tiles | --parts]
+    python benchmarks/latency_probe.py [--only NAME,...] [--quick | --tiles | --parts | --runs]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
 CUDA-graph replay median, each kernel's device time (torch profiler, eager calls) and the check against the
 fp32 reference: outputs are NaN-poisoned before the checked call and again before one replay of the timed
 graph, which is checked too. First the floor: replay time of graphs of one and of two empty kernels.
+
+--runs: the Gluon kernel's default schedule with runs of one sequence each (SEQUENCE_RUNS; the launch
+policy's choice for small batches of tall rows, forced here either way) and with equal runs, in turn, twice.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import argparse
 import datetime
 import sys
 import tempfile
+from contextlib import nullcontext
 from pathlib import Path
+from unittest.mock import patch
 
 import torch
 import triton
@@ -138,17 +143,28 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
             dict(backend="gluon", merge="kernel", num_parts=n, min_blocks_per_part=1)
             for n in sorted(set(slots + aligned))
         ]
+    elif mode == "runs":  # runs of one sequence each or equal runs, whatever decode_sequence_runs says
+        knobs_list = [dict(backend="gluon", merge="kernel", sequence_runs=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
         knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
     for knobs in knobs_list:
         knobs = dict(knobs)
         tile = knobs.pop("tile", None)
+        forced_runs = knobs.pop("sequence_runs", None)
         try:
             tiles = module.DECODE_COMBINE_TILES
             if tile is not None:
                 module.DECODE_COMBINE_TILES = {tile: tiles[tile]}
             try:
-                schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
+                forced = (
+                    nullcontext()
+                    if forced_runs is None
+                    else patch.object(
+                        module, "decode_sequence_runs", lambda *args, flag=bool(forced_runs), **kwargs: flag
+                    )
+                )
+                with forced:
+                    schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
             finally:
                 module.DECODE_COMBINE_TILES = tiles
         except ValueError as error:
@@ -174,7 +190,8 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
             continue
         cfg = (
             f"{schedule.backend} {schedule.merge} m{schedule.block_m} n{schedule.config[0]} "
-            f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''} "
+            f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''}"
+            f"{' sequence-runs' if schedule.sequence_runs else ''} "
             f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
         )
         kt = " ".join(f"{k}={v:.1f}" for k, v in times.items())
@@ -193,6 +210,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="only each backend's default, PDL on and off")
     parser.add_argument("--tiles", action="store_true", help="auto's schedule with every combine tile instead")
     parser.add_argument("--parts", action="store_true", help="the Gluon kernel at several run counts instead")
+    parser.add_argument("--runs", action="store_true", help="runs of one sequence each against equal runs")
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -207,7 +225,7 @@ def main() -> int:
         for case in CASES:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            mode = "tiles" if args.tiles else "parts" if args.parts else "quick" if args.quick else ""
+            mode = next((name for name in ("tiles", "parts", "quick", "runs") if getattr(args, name)), "")
             lines += run_case(case, Path(tmp), gen, sms, mode)
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]

@@ -166,6 +166,24 @@ def decode_num_parts(num_parts, *, sm_count, parts_per_sm, row_blocks, batch_siz
     return num_parts
 
 
+def decode_sequence_runs(batch_size, num_parts, small_batch, *, tall_rows):
+    """Whether no split-KV run may cross the end of a sequence (the kernels' SEQUENCE_RUNS, see
+    _split_schedule): for batches of 2 to small_batch sequences, given at least one run per sequence, where
+    a program's rows are tall (tall_rows: the Gluon kernel with query rows as the MMAs' M).
+
+    Equal runs cut across the batch make the runs that straddle two sequences the slowest: they load a
+    second query tile and write a second partial result, which costs most with tall rows (a 74 KB query
+    tile and 128 KB of fp32 partial rows at Dc 512). Measured on the H100 (2026-11-25, graph replay, bf16,
+    latency_probe.py --runs): lengths [4641, 45118, 1730, 1696] at H16 Sq4 (64 rows as M) 54.8-55.0 us
+    against 61.6-61.9, B8 H128 (equal lengths: the same runs) 65.1-66.1 against 65.3
+    (latency_runs_final_h100_2026-11-25.log). Left out, measured with a first version that searched for
+    per_part in a loop (latency_runs_h100_2026-11-25.log): the same batch at Sq1 (narrow form, 16 rows)
+    36.5-36.8 against 36.7-37.0, B8 H16 40.9-41.1 against 39.7-39.8, and the portable kernel (16-row
+    blocks; its runs grow by a block) at Sq4 124.2-124.5 against 117.9-118.9.
+    """
+    return tall_rows and 2 <= batch_size <= small_batch and num_parts >= batch_size
+
+
 def decode_min_blocks_per_part(min_blocks_per_part, *, small, block_m, small_block_m, block_n, cost_table):
     """Fewest cache blocks per run: the caller's, else the plan's cost rule (cost_table[(block_m, block_n)]).
 

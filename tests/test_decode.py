@@ -11,6 +11,8 @@ from unittest.mock import patch
 
 import pytest
 import torch
+import triton
+import triton.language as tl
 from helpers import DEEPSEEK_V3_TP8_SPEC, SMALL_SPEC
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
@@ -316,6 +318,91 @@ def test_combine_merges_many_runs_in_steps(build_module, device, backend, runs, 
     )
     note(f"problem: {problem}")
     with patch.object(module, "DECODE_COMBINE_TILES", {(2, 16): runs_per_step}):
+        check_decode(module, device, problem, backend, calls=2)
+
+
+@triton.jit
+def _schedule_of(
+    SEQLENS,
+    OUT,
+    batch,
+    num_parts,
+    min_blocks,
+    SPLIT_SCHEDULE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """A generated module's _split_schedule with SEQUENCE_RUNS: the padded block counts, then per_part."""
+    offs_b, n_blocks, _, _, per_part = SPLIT_SCHEDULE(SEQLENS, batch, num_parts, min_blocks, BLOCK_N, BLOCK_B, True)
+    tl.store(OUT + offs_b, n_blocks)
+    tl.store(OUT + BLOCK_B, per_part)
+
+
+@settings(max_examples=25)
+@given(
+    blocks=st.lists(st.one_of(st.just(0), st.integers(1, 40), st.integers(41, 3000)), min_size=2, max_size=8),
+    spare_runs=st.integers(0, 300),
+    min_blocks=st.integers(1, 6),
+)
+def test_runs_of_one_sequence_each_fit_the_runs(build_module, device, blocks, spare_runs, min_blocks):
+    """_split_schedule with SEQUENCE_RUNS: each sequence padded to whole runs, the runs fitting num_parts;
+    per_part is the equal runs' length (at least min_blocks) where that fits, else the smaller of
+    cdiv(blocks, num_parts - batch) and the longest sequence."""
+    module = build_module(**{**SMALL_SPEC, "name": "schedule"})
+    block_n = 16
+    num_parts = len(blocks) + spare_runs
+    # lengths in tokens: a sequence's last block is partial or full
+    lens = torch.tensor([n * block_n - (n % 3 if n else 0) for n in blocks], dtype=torch.int32, device=device)
+    out = torch.full((17,), -1, dtype=torch.int32, device=device)
+    _schedule_of[(1,)](
+        lens,
+        out,
+        len(blocks),
+        num_parts,
+        min_blocks,
+        SPLIT_SCHEDULE=module._split_schedule,
+        BLOCK_N=block_n,
+        BLOCK_B=16,
+    )
+    per_part = int(out[16])
+    padded = out[: len(blocks)].tolist()
+
+    def runs(length):
+        return sum(-(-n // length) for n in blocks)
+
+    assert padded == [-(-n // per_part) * per_part for n in blocks]
+    assert runs(per_part) <= num_parts
+    shortest = max(-(-sum(blocks) // num_parts), min_blocks)
+    fallback = min(-(-sum(blocks) // spare_runs), max(blocks)) if spare_runs else max(blocks)
+    assert per_part == (shortest if runs(shortest) <= num_parts else max(fallback, shortest))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+@pytest.mark.parametrize("sequence_runs", [True, False])
+def test_skewed_small_batch_with_and_without_runs_of_one_sequence(build_module, device, backend, merge, sequence_runs):
+    """A skewed small batch (one long sequence beside short and empty ones), its runs of one sequence each
+    or equal runs across sequences, both merges, against the reference; a second call on the same workspace
+    too. The policy takes runs of one sequence each for the Gluon kernel's tall rows only; it is overruled
+    here so that both kernels (and the shared combine) run both schedules, the portable ones on the CPU."""
+    require_backend(build_module, device, backend)
+    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
+    module = build_module(**{**base, "name": "skewed", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"})
+    block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
+    problem = dict(
+        seqlens=[3 * block_n + 1, 11 * block_n - 2, 0, block_n + 2, 2],
+        seqlen_q=2,
+        num_parts=7,
+        min_blocks=1,
+        merge=merge,
+        tma=True,
+        seed=11,
+        dtype="bfloat16",
+        nan_unused=True,
+    )
+    with patch.object(module, "decode_sequence_runs", lambda *args, **kwargs: sequence_runs):
+        schedule = module.get_decode_schedule(5, 2, device, num_parts=7, min_blocks_per_part=1, backend=backend)
+        assert schedule.sequence_runs is sequence_runs
         check_decode(module, device, problem, backend, calls=2)
 
 

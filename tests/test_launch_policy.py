@@ -207,6 +207,15 @@ def test_fp8_dots_in_float16_only_below_warpgroup_row_blocks():
     assert not lp.fp8_dots_in_float16(64, wgmma_min_block_m=64)
 
 
+def test_sequence_runs_for_small_batches_of_tall_rows_with_a_run_for_each_sequence():
+    assert lp.decode_sequence_runs(4, 64, 8, tall_rows=True) is True
+    assert lp.decode_sequence_runs(8, 8, 8, tall_rows=True) is True  # one run each fits
+    assert lp.decode_sequence_runs(4, 64, 8, tall_rows=False) is False  # short rows: equal runs measured faster
+    assert lp.decode_sequence_runs(1, 132, 8, tall_rows=True) is False  # one sequence: nothing to cross
+    assert lp.decode_sequence_runs(9, 132, 8, tall_rows=True) is False  # beyond the small batches: equal runs
+    assert lp.decode_sequence_runs(4, 3, 8, tall_rows=True) is False  # fewer runs than sequences
+
+
 def test_decode_pdl_only_for_a_combine_launch_on_hopper_or_later():
     hopper = dict(capability=(9, 0), interpreting=False)
     assert lp.decode_pdl(None, merge="kernel", **hopper) is True
