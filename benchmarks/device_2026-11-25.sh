@@ -36,6 +36,8 @@
 #                                      tests (merges, skewed batches, the schedule), then latency_probe.py --runs
 #                                      (runs of one sequence each against equal runs, in turn; ran 19:23 UTC with
 #                                      the policy then: every small batch, both backends)
+#   bash benchmarks/device_2026-11-25.sh steps   latency_probe.py --steps: the combine's runs a step x1, x2, x4
+#   bash benchmarks/device_2026-11-25.sh latency_final   bench_decode.py's latency cases, both caches
 #   bash benchmarks/device_2026-11-25.sh confirm2   the Gluon property test (ci profile), then gluon_timeline_probe.py
 #                                      on the skewed Sq4 batch
 #   bash benchmarks/device_2026-11-25.sh tall   the same, runs of one sequence each for tall rows only: GPU tests,
@@ -183,6 +185,15 @@ confirm)
     -k "matches_reference and gluon" 2>&1 | tail -25 | tee "$OUT/pytest_property.log"
   timeout 150 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
     --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4 Sq1" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
+  ;;
+steps)
+  # the combine's runs a step as planned and 2 and 4 times as many (latency_probe.py --steps)
+  timeout 330 python3 benchmarks/latency_probe.py --steps --only "${2:-B1 H16,skewed,B8 H16,B8 H128}" 2>&1 \
+    | tee "$OUT/latency_steps.log"
+  ;;
+latency_final)
+  timeout 250 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4" 2>&1 | tee "$OUT/bench_latency.log" | grep -v "^#"
   ;;
 confirm2)
   # the final code: the Gluon property test (ci profile) and the timeline of the skewed Sq4 batch

@@ -1,6 +1,6 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
-    python benchmarks/latency_probe.py [--only NAME,...] [--quick | --tiles | --parts | --runs]
+    python benchmarks/latency_probe.py [--only NAME,...] [--quick | --tiles | --parts | --runs | --steps]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
@@ -10,6 +10,9 @@ graph, which is checked too. First the floor: replay time of graphs of one and o
 
 --runs: the Gluon kernel's default schedule with runs of one sequence each (SEQUENCE_RUNS; the launch
 policy's choice for small batches of tall rows, forced here either way) and with equal runs, in turn, twice.
+
+--steps: auto's schedule with the combine tiles' runs a step as planned (plan.COMBINE_STEP_ELEMENTS) and 2
+and 4 times as many (fewer, wider steps: the policy may then pick another tile), in turn, twice.
 """
 
 from __future__ import annotations
@@ -145,16 +148,21 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         ]
     elif mode == "runs":  # runs of one sequence each or equal runs, whatever decode_sequence_runs says
         knobs_list = [dict(backend="gluon", merge="kernel", sequence_runs=flag) for _ in range(2) for flag in (1, 0)]
+    elif mode == "steps":  # the combine's runs a step scaled, every tile (the launch policy chooses among them)
+        knobs_list = [dict(merge="kernel", step_scale=k) for _ in range(2) for k in (1, 2, 4)]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
         knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
     for knobs in knobs_list:
         knobs = dict(knobs)
         tile = knobs.pop("tile", None)
         forced_runs = knobs.pop("sequence_runs", None)
+        step_scale = knobs.pop("step_scale", 1)
         try:
             tiles = module.DECODE_COMBINE_TILES
             if tile is not None:
                 module.DECODE_COMBINE_TILES = {tile: tiles[tile]}
+            elif step_scale != 1:
+                module.DECODE_COMBINE_TILES = {t: runs * step_scale for t, runs in tiles.items()}
             try:
                 forced = (
                     nullcontext()
@@ -193,6 +201,7 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
             f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''}"
             f"{' sequence-runs' if schedule.sequence_runs else ''} "
             f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
+            f"{f' steps x{step_scale}' if step_scale != 1 else ''}"
         )
         kt = " ".join(f"{k}={v:.1f}" for k, v in times.items())
         line = (
@@ -211,6 +220,7 @@ def main() -> int:
     parser.add_argument("--tiles", action="store_true", help="auto's schedule with every combine tile instead")
     parser.add_argument("--parts", action="store_true", help="the Gluon kernel at several run counts instead")
     parser.add_argument("--runs", action="store_true", help="runs of one sequence each against equal runs")
+    parser.add_argument("--steps", action="store_true", help="the combine's runs a step as planned, x2 and x4")
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -225,7 +235,7 @@ def main() -> int:
         for case in CASES:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            mode = next((name for name in ("tiles", "parts", "quick", "runs") if getattr(args, name)), "")
+            mode = next((name for name in ("tiles", "parts", "quick", "runs", "steps") if getattr(args, name)), "")
             lines += run_case(case, Path(tmp), gen, sms, mode)
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]

@@ -1508,7 +1508,7 @@ DECODE_MERGE_FANIN = 8
 DECODE_MERGE_LEVELS = 6
 DECODE_MERGE_BLOCK_C = 128
 #: combine tiles (rows, columns) -> runs merged per step; the largest tile giving every SM a program is used
-DECODE_COMBINE_TILES = {(1, 64): 64, (2, 64): 32, (4, 128): 8, (8, 128): 4, (16, 128): 2}
+DECODE_COMBINE_TILES = {(1, 64): 128, (2, 64): 64, (4, 128): 8, (8, 128): 4, (16, 128): 2}
 #: (block_m, block_n) -> fewest cache blocks per split-KV run (its fixed cost must pay off)
 DECODE_MIN_BLOCKS_PER_PART = {(16, 16): 5,
  (16, 32): 3,
@@ -3816,7 +3816,7 @@ MLAGEN_VERSION = "0.1.0"
 import types  # standard library, needed only from here on
 import typing
 
-OPS_NAMESPACE = "mlagen_deepseek_v3_tp4_b3623603ff15"
+OPS_NAMESPACE = "mlagen_deepseek_v3_tp4_fed42ef5af6a"
 
 
 def _register_op(name, impl, fake, mutates_args=()):

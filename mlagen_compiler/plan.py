@@ -68,8 +68,16 @@ WGMMA_MIN_BLOCK_M = 64
 #: gives every SM a program, so small batches get small tiles and many programs
 COMBINE_TILES = ((16, 128), (8, 128), (4, 128), (2, 64), (1, 64))
 #: fp32 elements of partial output the combine kernel loads per step: small tiles (small batches, many
-#: runs per sequence) then load many runs at once, so the loads are in flight together
+#: runs per sequence) then load many runs at once, so the loads are in flight together. Tiles of at most
+#: COMBINE_WIDE_STEP_ROWS rows (small and skewed batches: a long sequence holds up to all the runs) load
+#: twice as many, up to COMBINE_MAX_STEP_RUNS runs; measured on the H100 (2026-11-25, graph replay, bf16,
+#: latency_probe.py --steps, latency_steps_h100_2026-11-25.log): B1 H16 (portable, 264 runs) 12.2 us against
+#: 13.3-13.5, lengths [4641, 45118, 1730, 1696] at Sq4 52.7-53.0 against 54.4-55.1 and at Sq1 35.9-36.1
+#: against 37.4, B8 H16 39.9-40.0 against 40.0-40.2; twice as many for every tile slowed B8 H128 (8 runs a
+#: sequence, a (4, 128) tile of 16 runs a step) to 68.3-69.4 against 64.8-65.7
 COMBINE_STEP_ELEMENTS = 4096
+COMBINE_WIDE_STEP_ROWS = 2
+COMBINE_MAX_STEP_RUNS = 128
 #: the fused merge of split sequences (DecodePlan.merge_fanin): results merged per step of its tree, and
 #: latent columns merged at a time (a [64, 128] fp32 tile is 64 registers a thread at 4 warps)
 MERGE_FANIN = 8
@@ -568,6 +576,13 @@ def _default_decode_config(
     return space[0]
 
 
+def combine_step_runs(tile: tuple[int, int]) -> int:
+    """Runs the combine kernel merges per step with a (rows, columns) tile (see COMBINE_STEP_ELEMENTS)."""
+    rows, cols = tile
+    elements = COMBINE_STEP_ELEMENTS * (2 if rows <= COMBINE_WIDE_STEP_ROWS else 1)
+    return max(2, min(COMBINE_MAX_STEP_RUNS, elements // (rows * cols)))
+
+
 def merge_levels(fanin: int) -> int:
     """Levels of a merge tree of `fanin` results per step over the most runs a launch has."""
     levels, spanned = 1, fanin
@@ -623,9 +638,7 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
         merge_fanin=MERGE_FANIN,
         merge_levels=merge_levels(MERGE_FANIN),
         merge_block_c=min(MERGE_BLOCK_C, dc_pad),
-        combine_block_runs=tuple(
-            (tile, max(2, min(64, COMBINE_STEP_ELEMENTS // (tile[0] * tile[1])))) for tile in combine_tiles
-        ),
+        combine_block_runs=tuple((tile, combine_step_runs(tile)) for tile in combine_tiles),
         space=space,
         defaults=defaults,
         interpreter=TileConfig(block_n=16, num_warps=4, num_stages=1),

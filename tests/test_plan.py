@@ -8,6 +8,7 @@ from mlagen_compiler.plan import (
     PLAN_ARCH,
     PlanError,
     TileConfig,
+    combine_step_runs,
     decode_live_regs,
     decode_smem_bytes,
     lower,
@@ -170,3 +171,10 @@ def test_decode_only_spec_has_no_prefill_plan():
     plan = lower(spec(kernels=["decode"]))
     assert plan.prefill is None and plan.decode is not None
     assert "decode" in plan.summary() and "prefill" not in plan.summary()
+
+
+def test_combine_steps_of_the_small_batches_tiles_hold_twice_the_runs():
+    # 4096 fp32 elements a step, 8192 for tiles of at most two rows, 2 to 128 runs
+    assert [combine_step_runs(tile) for tile in [(16, 128), (8, 128), (4, 128), (2, 64), (1, 64)]] == [2, 4, 8, 64, 128]
+    assert combine_step_runs((1, 32)) == 128  # at most 128 runs a step
+    assert combine_step_runs((16, 256)) == 2  # at least 2
