@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import os
 import sys
 
@@ -69,12 +70,15 @@ def compile_offline(
     scaled = module.CACHE_SCALED
     kv = torch.empty(64, module.PAGE_SIZE, 1, width, dtype=module.CACHE_DTYPE)
     rows = seqlen_q * heads
-    if producer is None:  # the launch's choice (gather: a cache whose pages TMA cannot address)
-        producer, _, _ = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows)
     # the narrow form's width (0: rows as M; a module generated before the narrow form takes no NARROW)
     narrow_form = {}  # (and other keyword arguments that differ between module generations)
     if hasattr(module, "gluon_narrow_rows"):
         narrow_form["NARROW"] = module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS if narrow else 0)
+    if producer is None:  # the launch's choice (gather: a cache whose pages TMA cannot address)
+        # (modules after 0329922 take the schedule's narrow form)
+        takes_narrow = "narrow" in inspect.signature(module._gluon_producer_kind).parameters
+        kind_args = (narrow_form["NARROW"],) if takes_narrow else ()
+        producer, _, _ = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows, *kind_args)
     # the landing producer's mbarrier pairs (a module generated before landing pieces has one per chunk)
     if hasattr(module, "DECODE_GLUON_LAND_PIECES"):
         narrow_form["LAND_PIECES"] = module.DECODE_GLUON_LAND_PIECES if producer == "land" else 1

@@ -184,13 +184,17 @@ def test_gluon_producer_kind(tmp_path, name):
     half = module.DECODE_GLUON_LAND_ROWS
     assert half == module.DECODE_GLUON_BLOCK_M // 2  # the landing zone is the tile's lower half
     scaled = module.CACHE_SCALED
-    assert module._gluon_producer_kind(cache, half)[0] == ("land" if scaled else "tma")
-    assert module._gluon_producer_kind(cache, half + 1)[0] == ("convert" if scaled else "tma")
-    assert module._gluon_producer_kind(rows_off, 16)[0] == ("convert" if scaled else "gather")
+
+    def producer_kind(cache, rows):  # the narrow form as the schedule plans it
+        return module._gluon_producer_kind(cache, rows, module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS))
+
+    assert producer_kind(cache, half)[0] == ("land" if scaled else "tma")
+    assert producer_kind(cache, half + 1)[0] == ("convert" if scaled else "tma")
+    assert producer_kind(rows_off, 16)[0] == ("convert" if scaled else "gather")
     with patch.object(module, "PAGE_SIZE", module.DECODE_GLUON_BLOCK_N // 2):  # pages smaller than a block
         small = torch.empty(8, page // 2, 1, width, dtype=module.CACHE_DTYPE)
-        assert module._gluon_producer_kind(small, 16)[0] == ("convert" if scaled else "gather")
-    kind, warps, regs = module._gluon_producer_kind(cache, 16)
+        assert producer_kind(small, 16)[0] == ("convert" if scaled else "gather")
+    kind, warps, regs = producer_kind(cache, 16)
     if scaled:
         # the landing boxes: the query's 64-column chunks half a tile tall, the cache's one block tall
         q = torch.empty(16, width, dtype=module.DTYPE)
@@ -199,7 +203,7 @@ def test_gluon_producer_kind(tmp_path, name):
         assert descs[2].base.dtype == module.CACHE_DTYPE
         # 16 rows: the narrow form, with more converting warps; 17..32 rows keep the 64-row accumulator
         assert (warps, regs) == (module.DECODE_GLUON_NARROW_LAND_WARPS, module.DECODE_GLUON_LAND_REGS)
-        assert module._gluon_producer_kind(cache, 17)[1] == module.DECODE_GLUON_LAND_WARPS
+        assert producer_kind(cache, 17)[1] == module.DECODE_GLUON_LAND_WARPS
 
 
 def test_fp8_module_selects_gluon_on_hopper(tmp_path):
