@@ -81,7 +81,16 @@ def tune_case(case: Case, tmp: Path, gen: torch.Generator, sms: int) -> list[tup
                 parts = max(1, sms * parts_per_sm // base.row_blocks)
                 config = (module.DECODE_GLUON_BLOCK_N, module.DECODE_GLUON_CONSUMER_REGS, stages)
                 schedule = module.DecodeSchedule(
-                    batch, case.seqlen_q, module.DECODE_GLUON_BLOCK_M, parts, min_blocks, config, sms, "gluon", ""
+                    batch,
+                    case.seqlen_q,
+                    module.DECODE_GLUON_BLOCK_M,
+                    parts,
+                    min_blocks,
+                    config,
+                    sms,
+                    "gluon",
+                    "",
+                    narrow=base.narrow,  # the form the schedule planned
                 )
 
                 def call(schedule=schedule):
