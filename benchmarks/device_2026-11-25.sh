@@ -38,6 +38,12 @@
 #                                      the policy then: every small batch, both backends)
 #   bash benchmarks/device_2026-11-25.sh steps   latency_probe.py --steps: the combine's runs a step x1, x2, x4
 #   bash benchmarks/device_2026-11-25.sh latency_final   bench_decode.py's latency cases, both caches
+#   bash benchmarks/device_2026-11-25.sh partials   partial rows in the output's dtype (fifth session): GPU tests
+#                                      with the policy then (in dtype everywhere), latency_probe.py --partials on
+#                                      every latency case, then --runs on the narrow form's cases (loop-free runs)
+#   bash benchmarks/device_2026-11-25.sh keep   partial rows kept in L2 by cache hints: GPU tests, latency_probe.py
+#                                      --keep on every latency case, the portable kernel's --partials on every
+#                                      latency case, then bench_decode.py's latency cases (both caches)
 #   bash benchmarks/device_2026-11-25.sh confirm2   the Gluon property test (ci profile), then gluon_timeline_probe.py
 #                                      on the skewed Sq4 batch
 #   bash benchmarks/device_2026-11-25.sh tall   the same, runs of one sequence each for tall rows only: GPU tests,
@@ -190,6 +196,25 @@ steps)
   # the combine's runs a step as planned and 2 and 4 times as many (latency_probe.py --steps)
   timeout 330 python3 benchmarks/latency_probe.py --steps --only "${2:-B1 H16,skewed,B8 H16,B8 H128}" 2>&1 \
     | tee "$OUT/latency_steps.log"
+  ;;
+partials)
+  timeout 170 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py \
+    -k "(every_page_size and gluon and 64-) or fused_merge_trees or many_runs_in_steps or skewed_small_batch or fp8_decode_replays" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 300 python3 benchmarks/latency_probe.py --partials 2>&1 | tee "$OUT/latency_partials.log"
+  timeout 110 python3 benchmarks/latency_probe.py --runs --only "skewed Sq1,B8 H16" 2>&1 \
+    | tee "$OUT/latency_runs_narrow.log"
+  ;;
+keep)
+  timeout 130 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py \
+    -k "(every_page_size and 64-) or fused_merge_trees or many_runs_in_steps or skewed_small_batch or fp8_decode_replays" \
+    2>&1 | tail -25 | tee "$OUT/pytest.log"
+  timeout 170 python3 benchmarks/latency_probe.py --keep 2>&1 | tee "$OUT/latency_keep.log"
+  MLAGEN_DECODE_BACKEND=triton timeout 120 python3 benchmarks/latency_probe.py --partials 2>&1 \
+    | tee "$OUT/latency_partials_portable.log"
+  timeout 150 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4,H128 B1 S8192 graph" 2>&1 | tee "$OUT/bench_latency.log" \
+    | grep -v "^#"
   ;;
 latency_final)
   timeout 250 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \

@@ -88,6 +88,8 @@ def compile_offline(
         narrow_form["LAND_CHUNKS"] = module._GLUON_LAND_CHUNKS if producer == "land" else 1
     if "SEQUENCE_RUNS" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 0329922: runs of one sequence)
         narrow_form["SEQUENCE_RUNS"] = sequence_runs
+    if "KEEP_PARTIALS" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 730e6ff: L2 hints)
+        narrow_form["KEEP_PARTIALS"] = True
     land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_form.get("NARROW") else module.DECODE_GLUON_LAND_WARPS
     q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     i32 = torch.empty(16, dtype=torch.int32)

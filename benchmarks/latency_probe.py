@@ -1,6 +1,7 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
-    python benchmarks/latency_probe.py [--only NAME,...] [--quick | --tiles | --parts | --runs | --steps]
+    python benchmarks/latency_probe.py [--only NAME,...]
+        [--quick | --tiles | --parts | --runs | --steps | --partials | --keep]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
@@ -13,6 +14,12 @@ policy's choice for small batches of tall rows, forced here either way) and with
 
 --steps: auto's schedule with the combine tiles' runs a step as planned (plan.COMBINE_STEP_ELEMENTS) and 2
 and 4 times as many (fewer, wider steps: the policy may then pick another tile), in turn, twice.
+
+--partials: auto's schedule with the split sequences' partial rows in float32 and in the output's dtype
+(decode_partials_in_dtype, forced here either way), in turn, twice.
+
+--keep: auto's schedule with the partial rows stored L2 evict-last and read back evict-first, and without
+those hints (decode_keep_partials, forced here either way), in turn, twice.
 """
 
 from __future__ import annotations
@@ -148,6 +155,10 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         ]
     elif mode == "runs":  # runs of one sequence each or equal runs, whatever decode_sequence_runs says
         knobs_list = [dict(backend="gluon", merge="kernel", sequence_runs=flag) for _ in range(2) for flag in (1, 0)]
+    elif mode == "partials":  # partial rows in float32 or in the output's dtype, whatever the policy says
+        knobs_list = [dict(partials=flag) for _ in range(2) for flag in (0, 1)]
+    elif mode == "keep":  # partial rows kept in L2 by cache hints or not, whatever the policy says
+        knobs_list = [dict(keep=flag) for _ in range(2) for flag in (0, 1)]
     elif mode == "steps":  # the combine's runs a step scaled, every tile (the launch policy chooses among them)
         knobs_list = [dict(merge="kernel", step_scale=k) for _ in range(2) for k in (1, 2, 4)]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
@@ -156,6 +167,8 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         knobs = dict(knobs)
         tile = knobs.pop("tile", None)
         forced_runs = knobs.pop("sequence_runs", None)
+        forced_partials = knobs.pop("partials", None)
+        forced_keep = knobs.pop("keep", None)
         step_scale = knobs.pop("step_scale", 1)
         try:
             tiles = module.DECODE_COMBINE_TILES
@@ -171,7 +184,19 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
                         module, "decode_sequence_runs", lambda *args, flag=bool(forced_runs), **kwargs: flag
                     )
                 )
-                with forced:
+                forced_dtype = (
+                    nullcontext()
+                    if forced_partials is None
+                    else patch.object(
+                        module, "decode_partials_in_dtype", lambda *args, flag=bool(forced_partials), **kwargs: flag
+                    )
+                )
+                forced_hints = (
+                    nullcontext()
+                    if forced_keep is None
+                    else patch.object(module, "decode_keep_partials", lambda flag=bool(forced_keep): flag)
+                )
+                with forced, forced_dtype, forced_hints:
                     schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
             finally:
                 module.DECODE_COMBINE_TILES = tiles
@@ -202,6 +227,7 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
             f"{' sequence-runs' if schedule.sequence_runs else ''} "
             f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
             f"{f' steps x{step_scale}' if step_scale != 1 else ''}"
+            f" partials {str(schedule.partial_dtype).removeprefix('torch.')}{' kept' if schedule.keep_partials else ''}"
         )
         kt = " ".join(f"{k}={v:.1f}" for k, v in times.items())
         line = (
@@ -221,6 +247,8 @@ def main() -> int:
     parser.add_argument("--parts", action="store_true", help="the Gluon kernel at several run counts instead")
     parser.add_argument("--runs", action="store_true", help="runs of one sequence each against equal runs")
     parser.add_argument("--steps", action="store_true", help="the combine's runs a step as planned, x2 and x4")
+    parser.add_argument("--partials", action="store_true", help="partial rows in float32 against the output's dtype")
+    parser.add_argument("--keep", action="store_true", help="partial rows kept in L2 by cache hints or not")
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -235,7 +263,14 @@ def main() -> int:
         for case in CASES:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            mode = next((name for name in ("tiles", "parts", "quick", "runs", "steps") if getattr(args, name)), "")
+            mode = next(
+                (
+                    name
+                    for name in ("tiles", "parts", "quick", "runs", "steps", "partials", "keep")
+                    if getattr(args, name)
+                ),
+                "",
+            )
             lines += run_case(case, Path(tmp), gen, sms, mode)
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]

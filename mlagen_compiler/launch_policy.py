@@ -184,6 +184,32 @@ def decode_sequence_runs(batch_size, num_parts, small_batch, *, tall_rows):
     return tall_rows and 2 <= batch_size <= small_batch and num_parts >= batch_size
 
 
+def decode_partials_in_dtype(backend):
+    """Whether split sequences' partial rows (normalised outputs of a run) are stored in the output's dtype
+    instead of float32: half the bytes the split kernel writes and the merge reads back. Each partial row then
+    carries one rounding to the output's dtype; the merge still sums in float32.
+
+    Measured on the H100 (2026-11-25, graph replay, bf16, latency_probe.py --partials), in the output's
+    dtype against float32: the portable kernel at B1 H16 S8192 11.3-11.4 us against 12.0-12.2; the Gluon
+    kernel slower in every latency case (its MMA accumulator's layout stores 2-byte pieces): skewed
+    [4641, 45118, 1730, 1696] H16 Sq4 56.4-56.9 against 52.8-52.9, Sq1 36.5-36.8 / 35.7-36.0, B8 H16
+    40.7-40.9 / 39.8-39.9, B1 H128 28.9-29.0 / 24.0-24.1, B8 H128 75.8-76.0 / 65.6.
+    """
+    return backend == "triton"
+
+
+def decode_keep_partials():
+    """Whether the split kernels store partial rows with an L2 evict-last hint and the combine reads them
+    evict-first: the cache blocks streamed after a partial row was written could otherwise push it out of
+    L2 before the combine reads it back. Measured on the H100 (2026-11-25, graph replay, bf16,
+    latency_probe.py --keep), with the hints against without: the skewed [4641, 45118, 1730, 1696] H16 Sq4
+    batch 51.2 / 51.2 against 52.9 / 52.7 us, Sq1 35.0 / 34.7 against 36.0 / 35.7, B8 H16 39.0 / 38.9 against
+    39.7 / 39.5, B8 H128 64.4 / 64.6 against 65.0 / 65.2, B1 H128 24.1 both, B1 H16 (portable) 11.5 / 11.5
+    against 11.3 / 11.5. The time saved is the split kernel's (its stores), not the combine's.
+    """
+    return True
+
+
 def decode_min_blocks_per_part(min_blocks_per_part, *, small, block_m, small_block_m, block_n, cost_table):
     """Fewest cache blocks per run: the caller's, else the plan's cost rule (cost_table[(block_m, block_n)]).
 

@@ -406,6 +406,41 @@ def test_skewed_small_batch_with_and_without_runs_of_one_sequence(build_module, 
         check_decode(module, device, problem, backend, calls=2)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+@pytest.mark.parametrize(("in_dtype", "keep"), [(True, True), (False, False), (True, False)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_partial_rows_in_either_dtype_with_or_without_l2_hints(
+    build_module, device, backend, merge, in_dtype, keep, dtype
+):
+    """Split sequences' partial rows stored in float32 or in the output's dtype (decode_partials_in_dtype), with
+    or without the L2 hints on their stores and loads (decode_keep_partials), both merges, against the
+    reference within the dtype's tolerance; the policies are overruled so that every backend runs each form."""
+    require_backend(build_module, device, backend)
+    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
+    module = build_module(**{**base, "name": f"partials-{dtype}", "num_heads": 4, "page_size": 4, "dtype": dtype})
+    block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
+    problem = dict(
+        seqlens=[9 * block_n - 3, 2 * block_n + 1, 0],
+        seqlen_q=1,
+        num_parts=6,
+        min_blocks=1,
+        merge=merge,
+        tma=True,
+        seed=5,
+        dtype=dtype,
+        nan_unused=True,
+    )
+    with (
+        patch.object(module, "decode_partials_in_dtype", lambda *args: in_dtype),
+        patch.object(module, "decode_keep_partials", lambda: keep),
+    ):
+        schedule = module.get_decode_schedule(3, 1, device, num_parts=6, min_blocks_per_part=1, backend=backend)
+        assert schedule.keep_partials is keep
+        assert schedule.workspace(device)[0].dtype == (module.DTYPE if in_dtype else torch.float32)
+        check_decode(module, device, problem, backend, calls=2)
+
+
 def test_default_call_and_softmax_scale(build_module, device):
     module = build_module(**{**DEEPSEEK_V3_TP8_SPEC, "name": "plain"})
     g = torch.Generator().manual_seed(7)

@@ -216,6 +216,12 @@ def test_sequence_runs_for_small_batches_of_tall_rows_with_a_run_for_each_sequen
     assert lp.decode_sequence_runs(4, 3, 8, tall_rows=True) is False  # fewer runs than sequences
 
 
+def test_partial_rows_in_the_output_dtype_for_the_portable_kernel_and_kept_in_l2_everywhere():
+    assert lp.decode_partials_in_dtype("triton") is True
+    assert lp.decode_partials_in_dtype("gluon") is False  # its accumulator layout stores 2-byte pieces: slower
+    assert lp.decode_keep_partials() is True
+
+
 def test_decode_pdl_only_for_a_combine_launch_on_hopper_or_later():
     hopper = dict(capability=(9, 0), interpreting=False)
     assert lp.decode_pdl(None, merge="kernel", **hopper) is True
