@@ -44,6 +44,12 @@
 #   bash benchmarks/device_2026-11-25.sh keep   partial rows kept in L2 by cache hints: GPU tests, latency_probe.py
 #                                      --keep on every latency case, the portable kernel's --partials on every
 #                                      latency case, then bench_decode.py's latency cases (both caches)
+#   bash benchmarks/device_2026-11-25.sh combine   where the combine launch's time goes: combine_timeline_probe.py on
+#                                      the latency cases, then latency_probe.py --tiles on the Sq4 and B8 H128 cases
+#   bash benchmarks/device_2026-11-25.sh pipeline   the combine's loop software-pipelined: GPU tests of the combine
+#                                      (many runs in steps, skewed batches), latency_probe.py --pipeline (ran 21:08
+#                                      UTC on a tree with DECODE_COMBINE_STAGES: slower everywhere, reverted; the
+#                                      mode's probe option is gone with it)
 #   bash benchmarks/device_2026-11-25.sh confirm2   the Gluon property test (ci profile), then gluon_timeline_probe.py
 #                                      on the skewed Sq4 batch
 #   bash benchmarks/device_2026-11-25.sh tall   the same, runs of one sequence each for tall rows only: GPU tests,
@@ -215,6 +221,16 @@ keep)
   timeout 150 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
     --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4,H128 B1 S8192 graph" 2>&1 | tee "$OUT/bench_latency.log" \
     | grep -v "^#"
+  ;;
+combine)
+  timeout 200 python3 benchmarks/combine_timeline_probe.py --out "$OUT" 2>&1 | tee "$OUT/combine_timeline.log"
+  timeout 200 python3 benchmarks/latency_probe.py --tiles --only "skewed Sq4,B8 H128" 2>&1 \
+    | tee "$OUT/latency_tiles.log"
+  ;;
+pipeline)
+  timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \
+    -k "many_runs_in_steps or skewed_small_batch or partial_rows" 2>&1 | tail -5 | tee "$OUT/pytest.log"
+  timeout 420 python3 benchmarks/latency_probe.py --pipeline 2>&1 | tee "$OUT/latency_pipeline.log"
   ;;
 latency_final)
   timeout 250 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
