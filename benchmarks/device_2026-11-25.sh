@@ -46,6 +46,9 @@
 #                                      latency case, then bench_decode.py's latency cases (both caches)
 #   bash benchmarks/device_2026-11-25.sh combine   where the combine launch's time goes: combine_timeline_probe.py on
 #                                      the latency cases, then latency_probe.py --tiles on the Sq4 and B8 H128 cases
+#   bash benchmarks/device_2026-11-25.sh retune   mlagen tune of the fp8 DeepSeek spec's Gluon bucket (registers,
+#                                      stages; the narrow landing form since its last tuning) into $OUT/tune.json,
+#                                      then bench_decode.py's large cases (Gluon, both caches)
 #   bash benchmarks/device_2026-11-25.sh pipeline   the combine's loop software-pipelined: GPU tests of the combine
 #                                      (many runs in steps, skewed batches), latency_probe.py --pipeline (ran 21:08
 #                                      UTC on a tree with DECODE_COMBINE_STAGES: slower everywhere, reverted; the
@@ -231,6 +234,13 @@ pipeline)
   timeout 120 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \
     -k "many_runs_in_steps or skewed_small_batch or partial_rows" 2>&1 | tail -5 | tee "$OUT/pytest.log"
   timeout 420 python3 benchmarks/latency_probe.py --pipeline 2>&1 | tee "$OUT/latency_pipeline.log"
+  ;;
+retune)
+  timeout 260 python3 -m mlagen_compiler.cli tune deepseek-v3-tp8-fp8 --buckets gluon --cases b128-s8k,b32-s32k \
+    --db "$OUT/tune.json" 2>&1 | tail -40 | tee "$OUT/tune.log"
+  timeout 260 python3 benchmarks/bench_decode.py --out "$OUT/main" --caches bf16,fp8 --backends gluon \
+    --only "H16 B128 S8192 Sq1 fix,H16 B64 S32768,Mistral,H128 B128 S8192 Sq1 fix,H128 B32" \
+    2>&1 | tee "$OUT/bench_main.log" | grep -v "^#"
   ;;
 latency_final)
   timeout 250 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \

@@ -67,7 +67,7 @@ _FIRST_PIECE = "                if piece == 0:\n                    _probe_stamp
 #: the end of a partition's store of its output half (the softmax and the P @ V warpgroup differ in `first`)
 _STORED = (
     "{first}, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,\n"
-    "                                  SQ, H, DC_HALF, BLOCK_M, SCALED, NARROW)\n"
+    "                                  SQ, H, DC_HALF, BLOCK_M, SCALED, NARROW, KEEP_PARTIALS)\n"
 )
 
 
@@ -141,9 +141,9 @@ def probe_edits(address: int) -> list[tuple[str, str]]:
             "        if col0 == 0:\n            _probe_stamp(14, gl.sum(gl.sum(out, 1), 0))\n",
         ),
         (
-            "            gl.store(gl.expand_dims(op_rows, rows_axis) + cols, out, mask=mask)\n",
-            "            gl.store(gl.expand_dims(op_rows, rows_axis) + cols, out, mask=mask)\n"
-            "        if col0 == 0:\n            _probe_stamp(15, b)\n",
+            '                     eviction_policy="evict_last" if KEEP_PARTIALS else "")\n\n\n',
+            '                     eviction_policy="evict_last" if KEEP_PARTIALS else "")\n'
+            "        if col0 == 0:\n            _probe_stamp(15, b)\n\n\n",
         ),
         (
             "        ], [4, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])\n",
