@@ -27,7 +27,7 @@ import triton
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import make_inputs, module_for  # noqa: E402
 from fp8_converter_variants import edited_module  # noqa: E402
-from fp8_decode_sweep import check  # noqa: E402
+from gluon_timeline_probe import stamped_run  # noqa: E402
 
 MILESTONES = ["entry", "schedule", "split waited for", "step 1 loaded", "merged", "stores issued"]
 #: slot holding the program's sequence's run count (not a time)
@@ -158,20 +158,7 @@ def main() -> int:
         stamps = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
         module = edited_module(base, probe_edits(stamps.data_ptr()), tmp, f"combine_timeline_{stamps.data_ptr():x}")
         schedule = module.get_decode_schedule(batch, seqlen_q, q.device, merge="kernel")
-        out = torch.full((*q.shape[:3], base.KV_LORA_RANK), float("nan"), dtype=q.dtype, device=q.device)
-        lse = torch.full((batch, heads, seqlen_q), float("nan"), device=q.device)
-
-        def call(module=module, inputs=(q, kv, table, lens), schedule=schedule, out=out, lse=lse):
-            module.mla_decode(*inputs, schedule=schedule, out=out, lse=lse, return_lse=True)
-
-        call()
-        _, _, msg = check(module, q, kv, table, lens, out, lse, max(seqlens), None)
-        graph_us = triton.testing.do_bench_cudagraph(call, rep=200) * 1e3
-        plain = lambda c=call, m=base, s=base_schedule: c(m, schedule=s)  # noqa: E731
-        plain_us = triton.testing.do_bench_cudagraph(plain, rep=200) * 1e3
-        stamps.zero_()
-        call()
-        torch.cuda.synchronize()
+        msg, graph_us, plain_us = stamped_run(module, schedule, base, base_schedule, (q, kv, table, lens), stamps)
         runs = stamps[:, RUNS_SLOT].cpu()
         t = stamps[:, :RUNS_SLOT].double().cpu() / 1e3  # ns -> µs
         first = float(t[:, 0].min())

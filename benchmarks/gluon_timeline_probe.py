@@ -157,6 +157,27 @@ def probed_module(module, address: int, folder: Path):
     return edited_module(module, probe_edits(address), folder, f"timeline_{address:x}")
 
 
+def stamped_run(module, schedule, base, base_schedule, inputs, stamps: torch.Tensor) -> tuple[str, float, float]:
+    """Runs the probed module's call once and checks it against the reference (on NaN-filled outputs), times it
+    and the unprobed module's call under CUDA-graph replay, then fills `stamps` from one more call.
+    Returns (the check's message, '' when correct; µs with the stamps; µs without)."""
+    q, kv, table, lens = inputs
+    out = torch.full((*q.shape[:3], base.KV_LORA_RANK), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((q.shape[0], q.shape[2], q.shape[1]), float("nan"), device=q.device)
+
+    def call(module=module, schedule=schedule):
+        module.mla_decode(*inputs, schedule=schedule, out=out, lse=lse, return_lse=True)
+
+    call()
+    _, _, msg = check(module, q, kv, table, lens, out, lse, int(lens.max()), None)
+    graph_us = triton.testing.do_bench_cudagraph(call, rep=200) * 1e3
+    plain_us = triton.testing.do_bench_cudagraph(lambda: call(base, base_schedule), rep=200) * 1e3
+    stamps.zero_()
+    call()
+    torch.cuda.synchronize()
+    return msg, graph_us, plain_us
+
+
 #: (name, bundled spec, heads, lengths, seqlen_q)
 CASES = [
     ("B1 H16 S8192", "deepseek-v3-tp8", 16, [8192], 1),
@@ -197,20 +218,7 @@ def main() -> int:
         stamps = torch.zeros(programs, SLOTS, dtype=torch.int64, device=q.device)
         module = probed_module(base, stamps.data_ptr(), tmp)
         schedule = module.get_decode_schedule(len(seqlens), seqlen_q, q.device, backend="gluon", merge="kernel")
-        out = torch.full((*q.shape[:3], base.KV_LORA_RANK), float("nan"), dtype=q.dtype, device=q.device)
-        lse = torch.full((len(seqlens), heads, seqlen_q), float("nan"), device=q.device)
-
-        def call(module=module, inputs=(q, kv, table, lens), schedule=schedule, out=out, lse=lse):
-            module.mla_decode(*inputs, schedule=schedule, out=out, lse=lse, return_lse=True)
-
-        call()
-        _, _, msg = check(module, q, kv, table, lens, out, lse, max(seqlens), None)
-        graph_us = triton.testing.do_bench_cudagraph(call, rep=200) * 1e3
-        plain = lambda c=call, m=base, s=base_schedule: c(m, schedule=s)  # noqa: E731
-        plain_us = triton.testing.do_bench_cudagraph(plain, rep=200) * 1e3
-        stamps.zero_()
-        call()
-        torch.cuda.synchronize()
+        msg, graph_us, plain_us = stamped_run(module, schedule, base, base_schedule, (q, kv, table, lens), stamps)
         t = stamps.double().cpu() / 1e3  # ns -> µs
         entry = t[:, 0]
         print(
