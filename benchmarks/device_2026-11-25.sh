@@ -49,6 +49,10 @@
 #   bash benchmarks/device_2026-11-25.sh retune   mlagen tune of the fp8 DeepSeek spec's Gluon bucket (registers,
 #                                      stages; the narrow landing form since its last tuning) into $OUT/tune.json,
 #                                      then bench_decode.py's large cases (Gluon, both caches)
+#   bash benchmarks/device_2026-11-25.sh maxnreg   latency_probe.py --maxnreg: the combine kernel's registers capped
+#                                      (ptxas' choice, 96, 80) on the skewed, B8 and B1 H16 cases
+#                                      (ran 21:20 UTC on a tree with DECODE_COMBINE_MAXNREG: slower everywhere,
+#                                      reverted with the probe's option)
 #   bash benchmarks/device_2026-11-25.sh pipeline   the combine's loop software-pipelined: GPU tests of the combine
 #                                      (many runs in steps, skewed batches), latency_probe.py --pipeline (ran 21:08
 #                                      UTC on a tree with DECODE_COMBINE_STAGES: slower everywhere, reverted; the
@@ -241,6 +245,9 @@ retune)
   timeout 260 python3 benchmarks/bench_decode.py --out "$OUT/main" --caches bf16,fp8 --backends gluon \
     --only "H16 B128 S8192 Sq1 fix,H16 B64 S32768,Mistral,H128 B128 S8192 Sq1 fix,H128 B32" \
     2>&1 | tee "$OUT/bench_main.log" | grep -v "^#"
+  ;;
+maxnreg)
+  timeout 300 python3 benchmarks/latency_probe.py --maxnreg --only "skewed,B8,B1 H16" 2>&1 | tee "$OUT/latency_maxnreg.log"
   ;;
 latency_final)
   timeout 250 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \
