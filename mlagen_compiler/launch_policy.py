@@ -190,7 +190,8 @@ def decode_partials_in_dtype(backend):
     carries one rounding to the output's dtype; the merge still sums in float32.
 
     Measured on the H100 (2026-11-25, graph replay, bf16, latency_probe.py --partials), in the output's
-    dtype against float32: the portable kernel at B1 H16 S8192 11.3-11.4 us against 12.0-12.2; the Gluon
+    dtype against float32: the portable kernel at B1 H16 S8192 11.3-11.4 us against 12.0-12.2 (B1 H128
+    33.6-33.7 / 36.7, the skewed Sq1 batch 52.1-52.5 / 53.4-54.1, B8 H128 132.0-133.5 / 129.4-131.2); the Gluon
     kernel slower in every latency case (its MMA accumulator's layout stores 2-byte pieces): skewed
     [4641, 45118, 1730, 1696] H16 Sq4 56.4-56.9 against 52.8-52.9, Sq1 36.5-36.8 / 35.7-36.0, B8 H16
     40.7-40.9 / 39.8-39.9, B1 H128 28.9-29.0 / 24.0-24.1, B8 H128 75.8-76.0 / 65.6.
