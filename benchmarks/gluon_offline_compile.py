@@ -88,8 +88,10 @@ def compile_offline(
         narrow_form["LAND_CHUNKS"] = module._GLUON_LAND_CHUNKS if producer == "land" else 1
     if "SEQUENCE_RUNS" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 0329922: runs of one sequence)
         narrow_form["SEQUENCE_RUNS"] = sequence_runs
-    if "KEEP_PARTIALS" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 730e6ff: L2 hints)
+    if "KEEP_PARTIALS" in module._mla_decode_gluon_kernel.arg_names:  # (9ea7027-8b7840e: L2 hints, a flag)
         narrow_form["KEEP_PARTIALS"] = True
+    if "PARTIAL_STORE" in module._mla_decode_gluon_kernel.arg_names:  # (later: L2 hints, the store's policy)
+        narrow_form["PARTIAL_STORE"] = module._PARTIAL_EVICTION[True][0]
     land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_form.get("NARROW") else module.DECODE_GLUON_LAND_WARPS
     q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     i32 = torch.empty(16, dtype=torch.int32)
