@@ -67,7 +67,7 @@ _FIRST_PIECE = "                if piece == 0:\n                    _probe_stamp
 #: the end of a partition's store of its output half (the softmax and the P @ V warpgroup differ in `first`)
 _STORED = (
     "{first}, stride_o_s, stride_o_h, stride_op_slot, stride_op_row,\n"
-    "                                  SQ, H, DC_HALF, BLOCK_M, SCALED, NARROW, KEEP_PARTIALS)\n"
+    "                                  SQ, H, DC_HALF, BLOCK_M, SCALED, NARROW, PARTIAL_STORE)\n"
 )
 
 
@@ -141,8 +141,8 @@ def probe_edits(address: int) -> list[tuple[str, str]]:
             "        if col0 == 0:\n            _probe_stamp(14, gl.sum(gl.sum(out, 1), 0))\n",
         ),
         (
-            '                     eviction_policy="evict_last" if KEEP_PARTIALS else "")\n\n\n',
-            '                     eviction_policy="evict_last" if KEEP_PARTIALS else "")\n'
+            "                 eviction_policy=PARTIAL_STORE)\n\n\n",
+            "                 eviction_policy=PARTIAL_STORE)\n"
             "        if col0 == 0:\n            _probe_stamp(15, b)\n\n\n",
         ),
         (
