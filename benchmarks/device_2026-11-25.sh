@@ -61,6 +61,11 @@
 #                                      on the skewed Sq4 batch
 #   bash benchmarks/device_2026-11-25.sh tall   the same, runs of one sequence each for tall rows only: GPU tests,
 #                                      latency_probe.py --runs, bench_decode.py's latency cases (both caches)
+#   bash benchmarks/device_2026-11-25.sh short   32-position blocks in a ring of 3 for small batches with rows as
+#                                      M (gluon_short_blocks): GPU tests (both block sizes, every page size 16-64,
+#                                      merges, partial rows), latency_probe.py --blocks (short against tuned
+#                                      blocks, in turn), bench_decode.py's latency cases (bf16), then the Gluon
+#                                      property test
 # (run 1 of the day, "tests" with the page-window A/B of fp8_converter_variants.py, ran the whole of the four
 # decode test files and was stopped by its time limit after 17 tests: the property tests compile many kernels)
 set -uo pipefail
@@ -248,6 +253,18 @@ retune)
   ;;
 maxnreg)
   timeout 300 python3 benchmarks/latency_probe.py --maxnreg --only "skewed,B8,B1 H16" 2>&1 | tee "$OUT/latency_maxnreg.log"
+  ;;
+short)
+  timeout 190 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k \
+    "short_and_tuned or (every_page_size and gluon and None and (16- or 32- or 64-)) or fused_merge_trees or partial_rows_in_either or skewed_small_batch" \
+    2>&1 | tail -15 | tee "$OUT/pytest.log"
+  timeout 110 python3 benchmarks/latency_probe.py --blocks --only "skewed Sq4,B1 H128,B8 H128" 2>&1 \
+    | tee "$OUT/latency_blocks.log"
+  timeout 160 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16 \
+    --only "H16 B1 S8192 graph,H128 B1 S8192 graph,H16 B8 S8192 graph,H128 B8 S8192 graph,skewed4" 2>&1 \
+    | tee "$OUT/bench_latency.log" | grep -v "^#"
+  timeout 110 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "matches_reference and gluon" \
+    2>&1 | tail -8 | tee "$OUT/pytest_property.log"
   ;;
 latency_final)
   timeout 250 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \

@@ -94,6 +94,71 @@ def _prefetch_edits(ahead: int) -> list[tuple[str, str]]:
     ]
 
 
+#: the row-loading converter's block loop (generated module: four levels in) and its version that loads two
+#: blocks' rows before storing the first (variant convert_pair; carrying the next block's fp8 rows across
+#: iterations instead spilled: Triton keeps a carried 8-bit element in a register of its own)
+_CONVERT_LOOP = """\
+                for blk in range(lo, hi):
+                    stage = it % STAGES
+                    tok_c = blk * BLOCK_N + offs_nc
+                    ok_c = tok_c < seqlen
+                    page_c = gl.load(bt_row + tok_c // PAGE_SIZE, mask=ok_c, other=0)
+                    rows_c = KV + page_c.to(gl.int64) * stride_kv_page + (tok_c % PAGE_SIZE) * stride_kv_tok
+                    tok_r = blk * BLOCK_N + offs_nr
+                    ok_r = tok_r < seqlen
+                    page_r = gl.load(bt_row + tok_r // PAGE_SIZE, mask=ok_r, other=0)
+                    rows_r = KV + page_r.to(gl.int64) * stride_kv_page + (tok_r % PAGE_SIZE) * stride_kv_tok
+                    tile_c = gl.load(rows_c[:, None] + offs_c[None, :], mask=ok_c[:, None], other=0.0)
+                    tile_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)
+                    mbarrier.wait(k_free.index(stage), ((it // STAGES) & 1) ^ 1)
+                    k_smem_c.index(stage).store(tile_c.to(gl.float16))
+                    k_smem_r.index(stage).store(tile_r.to(gl.float16))
+                    # generic-proxy stores read next by the tensor cores (async proxy)
+                    fence_async_shared()
+                    mbarrier.arrive(k_ready.index(stage))
+                    it += 1
+"""
+_CONVERT_LOOP_PAIR = """\
+                for blk_a in range(lo, hi, 2):
+                    blk_b = blk_a + 1
+                    tok_c = blk_a * BLOCK_N + offs_nc
+                    ok_c = tok_c < seqlen
+                    page_c = gl.load(bt_row + tok_c // PAGE_SIZE, mask=ok_c, other=0)
+                    rows_c = KV + page_c.to(gl.int64) * stride_kv_page + (tok_c % PAGE_SIZE) * stride_kv_tok
+                    tok_r = blk_a * BLOCK_N + offs_nr
+                    ok_r = tok_r < seqlen
+                    page_r = gl.load(bt_row + tok_r // PAGE_SIZE, mask=ok_r, other=0)
+                    rows_r = KV + page_r.to(gl.int64) * stride_kv_page + (tok_r % PAGE_SIZE) * stride_kv_tok
+                    tile_c = gl.load(rows_c[:, None] + offs_c[None, :], mask=ok_c[:, None], other=0.0)
+                    tile_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)
+                    tok_c = blk_b * BLOCK_N + offs_nc
+                    ok_c = (tok_c < seqlen) & (blk_b < hi)
+                    page_c = gl.load(bt_row + tok_c // PAGE_SIZE, mask=ok_c, other=0)
+                    rows_c = KV + page_c.to(gl.int64) * stride_kv_page + (tok_c % PAGE_SIZE) * stride_kv_tok
+                    tok_r = blk_b * BLOCK_N + offs_nr
+                    ok_r = (tok_r < seqlen) & (blk_b < hi)
+                    page_r = gl.load(bt_row + tok_r // PAGE_SIZE, mask=ok_r, other=0)
+                    rows_r = KV + page_r.to(gl.int64) * stride_kv_page + (tok_r % PAGE_SIZE) * stride_kv_tok
+                    next_c = gl.load(rows_c[:, None] + offs_c[None, :], mask=ok_c[:, None], other=0.0)
+                    next_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)
+                    stage = it % STAGES
+                    mbarrier.wait(k_free.index(stage), ((it // STAGES) & 1) ^ 1)
+                    k_smem_c.index(stage).store(tile_c.to(gl.float16))
+                    k_smem_r.index(stage).store(tile_r.to(gl.float16))
+                    fence_async_shared()
+                    mbarrier.arrive(k_ready.index(stage))
+                    it += 1
+                    if blk_b < hi:
+                        stage = it % STAGES
+                        mbarrier.wait(k_free.index(stage), ((it // STAGES) & 1) ^ 1)
+                        k_smem_c.index(stage).store(next_c.to(gl.float16))
+                        k_smem_r.index(stage).store(next_r.to(gl.float16))
+                        # generic-proxy stores read next by the tensor cores (async proxy)
+                        fence_async_shared()
+                        mbarrier.arrive(k_ready.index(stage))
+                        it += 1
+"""
+
 #: name -> (why, [(text, replacement)]): edits of the generated fp8 module
 VARIANTS = {
     "evict_first": (
@@ -215,6 +280,34 @@ VARIANTS = {
         "the work; runs are cut in 32-position blocks",
         [("DECODE_GLUON_BLOCK_N = 64", "DECODE_GLUON_BLOCK_N = 32"), ("STAGES=schedule.config[2],", "STAGES=4,")],
     ),
+    "n32_combine": (
+        "with n32s3 / n32s4 on a bf16 module: the combine launch counts the Gluon split's 32-position blocks "
+        "(it takes the schedule's block_n, 64, otherwise); rows as M only (the narrow form needs 64 positions)",
+        [
+            (
+                "BLOCK_N=schedule.config[0], BLOCK_B=schedule.block_b,",
+                "BLOCK_N=DECODE_GLUON_BLOCK_N if schedule.backend == 'gluon' else schedule.config[0], "
+                "BLOCK_B=schedule.block_b,",
+            )
+        ],
+    ),
+    "convert_pair": (
+        "the row-loading converter two blocks at a time: both blocks' rows loaded (into registers) before the "
+        "first one's stage is waited for, so two blocks are in flight a program instead of one (fp8 values "
+        "carried across loop iterations take a register each, so nothing is carried; use with convert)",
+        [(_CONVERT_LOOP, _CONVERT_LOOP_PAIR)],
+    ),
+    "conv8w": (
+        "the row-loading converter in 8 warps instead of 4 (DECODE_GLUON_GATHER_WARPS; fp8 modules gather nothing)",
+        [("DECODE_GLUON_GATHER_WARPS = 4", "DECODE_GLUON_GATHER_WARPS = 8")],
+    ),
+    **{
+        f"conv{regs}": (
+            f"the row-loading converter at {regs} registers instead of 104",
+            [("DECODE_GLUON_CONVERT_REGS = 104", f"DECODE_GLUON_CONVERT_REGS = {regs}")],
+        )
+        for regs in (80, 128, 160, 184, 200)
+    },
     "n32s3": (
         "32-position cache blocks in a ring of 3 stages",
         [("DECODE_GLUON_BLOCK_N = 64", "DECODE_GLUON_BLOCK_N = 32"), ("STAGES=schedule.config[2],", "STAGES=3,")],

@@ -53,6 +53,7 @@ def compile_offline(
     producer: str | None = None,
     narrow: bool = True,
     sequence_runs: bool = False,
+    short_blocks: bool = False,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.experimental.gluon import language as gl
@@ -93,7 +94,16 @@ def compile_offline(
     if "PARTIAL_STORE" in module._mla_decode_gluon_kernel.arg_names:  # (later: L2 hints, the store's policy)
         narrow_form["PARTIAL_STORE"] = module._PARTIAL_EVICTION[True][0]
     land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_form.get("NARROW") else module.DECODE_GLUON_LAND_WARPS
-    q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
+    # cache positions a block and ring stages: the plan's, or (short_blocks) the small batches'
+    block_n, stages = module.DECODE_GLUON_BLOCK_N, module.DECODE_GLUON_STAGES
+    p_layout = module._GLUON_LAYOUT_P
+    if isinstance(p_layout, dict):  # (modules after 44c0e3f: a P layout per block size)
+        if short_blocks:
+            block_n, stages = module.DECODE_GLUON_SMALL_BATCH_BLOCK_N, module.DECODE_GLUON_SMALL_BATCH_STAGES
+        p_layout = p_layout[block_n]
+        q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer, block_n)
+    else:
+        q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     i32 = torch.empty(16, dtype=torch.int32)
     f32 = torch.empty(16, dtype=torch.float32)
     out = torch.empty(16, dtype=module.DTYPE)
@@ -132,10 +142,10 @@ def compile_offline(
         DC_HALF=module.DECODE_GLUON_DC_HALF,
         PAGE_SIZE=module.PAGE_SIZE,
         BLOCK_M=module.DECODE_GLUON_BLOCK_M,
-        BLOCK_N=module.DECODE_GLUON_BLOCK_N,
+        BLOCK_N=block_n,
         BLOCK_B=16,
-        STAGES=module.DECODE_GLUON_STAGES,
-        P_LAYOUT=module._GLUON_LAYOUT_P,
+        STAGES=stages,
+        P_LAYOUT=p_layout,
         PRODUCER=producer,
         ZERO_TAIL=producer in ("tma", "land"),
         STAGE_DTYPE=gl.float16 if scaled else module._GLUON_DTYPE,
@@ -191,6 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
     parser.add_argument("--wide", action="store_true", help="rows as the MMAs' M even where the narrow form applies")
     parser.add_argument("--sequence-runs", action="store_true", help="runs that never cross a sequence's end")
+    parser.add_argument("--short-blocks", action="store_true", help="the small batches' short cache blocks")
     parser.add_argument("--regs", type=int, help="registers of the P @ V warpgroups (default: the module's)")
     args = parser.parse_args(argv)
     result = compile_offline(
@@ -202,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         args.producer,
         not args.wide,
         args.sequence_runs,
+        args.short_blocks,
     )
     kernel = result.pop("kernel")
     print(result)

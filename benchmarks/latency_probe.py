@@ -1,7 +1,7 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
     python benchmarks/latency_probe.py [--only NAME,...]
-        [--quick | --tiles | --parts | --runs | --steps | --partials | --keep]
+        [--quick | --tiles | --parts | --runs | --steps | --partials | --keep | --blocks]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
@@ -20,6 +20,9 @@ and 4 times as many (fewer, wider steps: the policy may then pick another tile),
 
 --keep: auto's schedule with the partial rows stored L2 evict-last and read back evict-first, and without
 those hints (decode_keep_partials, forced here either way), in turn, twice.
+
+--blocks: the Gluon kernel's default schedule with 32-position cache blocks in a ring of 3 and with its tuned
+blocks and stages (gluon_short_blocks, forced here either way), in turn, twice.
 """
 
 from __future__ import annotations
@@ -159,6 +162,8 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         knobs_list = [dict(partials=flag) for _ in range(2) for flag in (0, 1)]
     elif mode == "keep":  # partial rows kept in L2 by cache hints or not, whatever the policy says
         knobs_list = [dict(keep=flag) for _ in range(2) for flag in (0, 1)]
+    elif mode == "blocks":  # the Gluon kernel's short cache blocks or its tuned ones, whatever gluon_short_blocks says
+        knobs_list = [dict(backend="gluon", merge="kernel", short=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "steps":  # the combine's runs a step scaled, every tile (the launch policy chooses among them)
         knobs_list = [dict(merge="kernel", step_scale=k) for _ in range(2) for k in (1, 2, 4)]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
@@ -169,6 +174,7 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         forced_runs = knobs.pop("sequence_runs", None)
         forced_partials = knobs.pop("partials", None)
         forced_keep = knobs.pop("keep", None)
+        forced_short = knobs.pop("short", None)
         step_scale = knobs.pop("step_scale", 1)
         try:
             tiles = module.DECODE_COMBINE_TILES
@@ -196,7 +202,12 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
                     if forced_keep is None
                     else patch.object(module, "decode_keep_partials", lambda flag=bool(forced_keep): flag)
                 )
-                with forced, forced_dtype, forced_hints:
+                forced_blocks = (
+                    nullcontext()
+                    if forced_short is None
+                    else patch.object(module, "gluon_short_blocks", lambda flag=bool(forced_short), **kwargs: flag)
+                )
+                with forced, forced_dtype, forced_hints, forced_blocks:
                     schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
             finally:
                 module.DECODE_COMBINE_TILES = tiles
@@ -222,7 +233,7 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
             lines.append(f"{case.name} {knobs}: {type(error).__name__}: {str(error)[:200]}")
             continue
         cfg = (
-            f"{schedule.backend} {schedule.merge} m{schedule.block_m} n{schedule.config[0]} "
+            f"{schedule.backend} {schedule.merge} m{schedule.block_m} n{schedule.config[0]} s{schedule.config[2]} "
             f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''}"
             f"{' sequence-runs' if schedule.sequence_runs else ''} "
             f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
@@ -249,6 +260,7 @@ def main() -> int:
     parser.add_argument("--steps", action="store_true", help="the combine's runs a step as planned, x2 and x4")
     parser.add_argument("--partials", action="store_true", help="partial rows in float32 against the output's dtype")
     parser.add_argument("--keep", action="store_true", help="partial rows kept in L2 by cache hints or not")
+    parser.add_argument("--blocks", action="store_true", help="the Gluon kernel's short cache blocks or its tuned ones")
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -266,7 +278,7 @@ def main() -> int:
             mode = next(
                 (
                     name
-                    for name in ("tiles", "parts", "quick", "runs", "steps", "partials", "keep")
+                    for name in ("tiles", "parts", "quick", "runs", "steps", "partials", "keep", "blocks")
                     if getattr(args, name)
                 ),
                 "",

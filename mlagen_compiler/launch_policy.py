@@ -194,7 +194,9 @@ def decode_partials_in_dtype(backend):
     33.6-33.7 / 36.7, the skewed Sq1 batch 52.1-52.5 / 53.4-54.1, B8 H128 132.0-133.5 / 129.4-131.2); the Gluon
     kernel slower in every latency case (its MMA accumulator's layout stores 2-byte pieces): skewed
     [4641, 45118, 1730, 1696] H16 Sq4 56.4-56.9 against 52.8-52.9, Sq1 36.5-36.8 / 35.7-36.0, B8 H16
-    40.7-40.9 / 39.8-39.9, B1 H128 28.9-29.0 / 24.0-24.1, B8 H128 75.8-76.0 / 65.6.
+    40.7-40.9 / 39.8-39.9, B1 H128 28.9-29.0 / 24.0-24.1, B8 H128 75.8-76.0 / 65.6. Staging its 16-bit rows through
+    the query tile to store whole sectors (rows as M) was slower still: Sq4 57.1-57.5 against 50.9-51.0, B1 H128
+    26.7-26.8 / 24.2-24.3.
     """
     return backend == "triton"
 
@@ -253,6 +255,34 @@ def gluon_small_batch_schedule(sm_count, *, narrow, batch_size, small_batch, min
     if narrow and batch_size <= small_batch and not fp8_cache:
         return max(1, sm_count // 2), 1
     return sm_count, min_blocks_per_part
+
+
+#: gluon_short_blocks: the fewest split-KV runs a sequence averages (num_parts / batch) for short blocks
+SHORT_BLOCK_RUNS = 16
+
+
+def gluon_short_blocks(*, narrow, batch_size, num_parts, small_batch, fp8_cache, config_given):
+    """Whether a Gluon launch streams the cache in the plan's short blocks (32 positions, a ring of 3 stages:
+    less shared memory than 64 x 2) instead of its tuned (block_n, stages): small batches (at most
+    small_batch sequences) whose sequences average at least SHORT_BLOCK_RUNS runs (num_parts / batch: short
+    runs, whose first and last blocks' waits are most of their time), with rows as the MMAs' M (narrow = 0;
+    the narrow form's S^T takes the block as its M, at least 64), a 16-bit cache, no configuration given. A
+    short block frees its stage after half the work, so more of the cache is in flight a program.
+
+    Measured on the H100 (bf16, 2026-11-25, graph-replayed, short against tuned blocks in turn, every result
+    checked; latency_probe.py --blocks): lengths [4641, 45118, 1730, 1696] H16 Sq4 (132 runs) 48.5-48.9 us
+    against 50.8-50.9, B1 H128 S8192 (66 runs) 22.8 against 24.0-24.2; but B8 H128 S8192 (64 runs, 8 a
+    sequence: runs of 16 blocks) 67.7-68.8 against 64.0, and H128 B128 (compute-bound, 2026-11-23) 32 x 4
+    657.9 against 549.9 us. The lengths are device data: runs a sequence are what the host knows of a run's
+    length.
+    """
+    return (
+        not narrow
+        and batch_size <= small_batch
+        and num_parts >= SHORT_BLOCK_RUNS * batch_size
+        and not fp8_cache
+        and not config_given
+    )
 
 
 def check_decode_config(config):

@@ -194,6 +194,10 @@ class GluonDecodePlan:
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
+    #: small batches with rows as the MMAs' M and a 16-bit cache (launch_policy.gluon_short_blocks): cache
+    #: positions a block and ring stages instead of block_n and the tuned stages
+    small_batch_block_n: int
+    small_batch_stages: int
     #: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks per run
     parts_per_sm: int
     min_blocks_per_part: int
@@ -227,6 +231,12 @@ NARROW_ROWS = 16
 #: of two; Dc / 64 at most). Measured on the H100 (2026-11-25, fp8 H16 B128 S8192, bf16 412.9 us): 1 chunk
 #: 254.6-255.0 us, 2 chunks 247.5-248.2, 4 250.9, 8 292.9; Mistral-Small-4 (Dc 256) 182.6 / 182.1 / 207.8
 LAND_GROUP = 2
+#: short runs of small batches (launch_policy.gluon_short_blocks): 32-position blocks in a ring of 3. Measured
+#: on the H100 (2026-11-25, bf16, graph-replayed; gluon_timeline_probe.py, variants n32s3 / n32s4 + n32_combine
+#: of fp8_converter_variants.py): lengths [4641, 45118, 1730, 1696] H16 Sq4 47.5 / 47.9 us (3 / 4 stages)
+#: against 50.2 with 64-position blocks in a ring of 2, B1 H128 22.0 / 22.4 against 23.4-23.6
+SMALL_BATCH_BLOCK_N = 32
+SMALL_BATCH_STAGES = 3
 #: most ring stages offered: past 4 a 64-position block is already > 10 us of transfers ahead
 GLUON_MAX_STAGES = 4
 #: registers of the second (P V) warpgroup offered to the tuner (setmaxnreg: multiples of 8; the softmax
@@ -281,6 +291,8 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         land_group=land_group,
         land_pieces=land_pieces,
         narrow_rows=NARROW_ROWS,
+        small_batch_block_n=SMALL_BATCH_BLOCK_N,
+        small_batch_stages=SMALL_BATCH_STAGES,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,

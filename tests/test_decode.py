@@ -129,6 +129,7 @@ def check_decode(module, device, problem, backend, calls=1, cache_view=None):
         min_blocks_per_part=problem["min_blocks"],
         backend=backend,
         merge=problem.get("merge", "fused"),
+        config=problem.get("config"),
     )
     assert schedule.backend == backend, schedule.backend_reason
     want, want_lse = decode_reference(module, inputs)
@@ -218,6 +219,43 @@ def test_gluon_narrow_and_wide_forms_both_match_the_reference(build_module, devi
     with patch.object(module, "DECODE_GLUON_NARROW_ROWS", 0):
         assert module.gluon_narrow_rows(16, module.DECODE_GLUON_NARROW_ROWS) == 0
         check_decode(module, device, problem, "gluon")
+
+
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+@pytest.mark.parametrize("page_size", [32, 64])
+def test_gluon_short_and_tuned_blocks_both_match_the_reference(build_module, device, page_size, merge):
+    """A small batch with rows as the MMAs' M whose sequences average 16 runs or more streams 32-position cache
+    blocks in a ring of 3 (gluon_short_blocks); the same inputs with the tuned configuration given stream
+    64-position blocks (TMA boxes where a page holds them, else the gathering producer). Both against the
+    reference, both merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
+    require_backend(build_module, device, "gluon")
+    problem = dict(
+        heads=16,
+        dc=512,
+        dr=64,
+        page_size=page_size,
+        dtype="bfloat16",
+        cache_dtype=None,
+        seqlen_q=4,
+        seqlens=[1, 31, 33, 0, 197, 700, 64, 129],
+        num_parts=None,
+        min_blocks=None,
+        merge=merge,
+        tma=True,
+        nan_unused=True,
+        seed=4343 + page_size,
+    )
+    module = module_for(build_module, problem)
+    # the schedule check_decode plans (the launch policy's runs)
+    short = module.get_decode_schedule(8, 4, device, backend="gluon", merge=merge)
+    assert short.config[0] == module.DECODE_GLUON_SMALL_BATCH_BLOCK_N == 32, short
+    assert short.config[2] == module.DECODE_GLUON_SMALL_BATCH_STAGES
+    check_decode(module, device, problem, "gluon")
+    tuned = module.get_decode_schedule(9, 4, device, backend="gluon").config  # beyond the small batches
+    assert tuned[0] == module.DECODE_GLUON_BLOCK_N == 64
+    check_decode(module, device, {**problem, "config": tuned}, "gluon")
 
 
 def rows_off_word_boundaries(cache: torch.Tensor) -> torch.Tensor:

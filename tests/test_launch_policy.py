@@ -222,6 +222,18 @@ def test_partial_rows_in_the_output_dtype_for_the_portable_kernel_and_kept_in_l2
     assert lp.decode_keep_partials() is True
 
 
+def test_gluon_short_blocks_for_short_runs_of_tall_rows_with_a_16_bit_cache_unless_configured():
+    common = dict(small_batch=8, fp8_cache=False, config_given=False)
+    assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **common) is True  # B1 H128
+    assert lp.gluon_short_blocks(narrow=0, batch_size=4, num_parts=132, **common) is True  # the skewed Sq4 batch
+    assert lp.gluon_short_blocks(narrow=0, batch_size=8, num_parts=128, **common) is True  # 16 runs a sequence
+    assert lp.gluon_short_blocks(narrow=0, batch_size=8, num_parts=64, **common) is False  # B8 H128: long runs
+    assert lp.gluon_short_blocks(narrow=0, batch_size=9, num_parts=264, **common) is False  # not a small batch
+    assert lp.gluon_short_blocks(narrow=16, batch_size=1, num_parts=66, **common) is False  # S^T: block as M
+    assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **{**common, "fp8_cache": True}) is False
+    assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **{**common, "config_given": True}) is False
+
+
 def test_decode_pdl_only_for_a_combine_launch_on_hopper_or_later():
     hopper = dict(capability=(9, 0), interpreting=False)
     assert lp.decode_pdl(None, merge="kernel", **hopper) is True
