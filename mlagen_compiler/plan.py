@@ -194,8 +194,8 @@ class GluonDecodePlan:
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
-    #: small batches with rows as the MMAs' M and a 16-bit cache (launch_policy.gluon_short_blocks): cache
-    #: positions a block and ring stages instead of block_n and the tuned stages
+    #: short runs of small batches with rows as the MMAs' M and a 16-bit cache (launch_policy.gluon_short_blocks):
+    #: cache positions a block and ring stages instead of block_n and the tuned stages
     small_batch_block_n: int
     small_batch_stages: int
     #: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks per run
