@@ -1,7 +1,7 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
     python benchmarks/latency_probe.py [--only NAME,...]
-        [--quick | --tiles | --parts | --runs | --steps | --partials | --keep | --blocks]
+        [--quick | --tiles | --parts | --runs | --steps | --partials | --keep | --blocks | --minblocks]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
@@ -23,6 +23,8 @@ those hints (decode_keep_partials, forced here either way), in turn, twice.
 
 --blocks: the Gluon kernel's default schedule with 32-position cache blocks in a ring of 3 and with its tuned
 blocks and stages (gluon_short_blocks, forced here either way), in turn, twice.
+
+--minblocks: the Gluon kernel's default schedule with the plan's fewest cache blocks a run, then 3, 8 and 10.
 """
 
 from __future__ import annotations
@@ -164,6 +166,8 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         knobs_list = [dict(keep=flag) for _ in range(2) for flag in (0, 1)]
     elif mode == "blocks":  # the Gluon kernel's short cache blocks or its tuned ones, whatever gluon_short_blocks says
         knobs_list = [dict(backend="gluon", merge="kernel", short=flag) for _ in range(2) for flag in (1, 0)]
+    elif mode == "minblocks":  # the Gluon kernel's default schedule with fewer or more cache blocks a run at least
+        knobs_list = [dict(backend="gluon", merge="kernel", min_blocks_per_part=m) for m in (None, 3, 8, 10)]
     elif mode == "steps":  # the combine's runs a step scaled, every tile (the launch policy chooses among them)
         knobs_list = [dict(merge="kernel", step_scale=k) for _ in range(2) for k in (1, 2, 4)]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
@@ -261,6 +265,7 @@ def main() -> int:
     parser.add_argument("--partials", action="store_true", help="partial rows in float32 against the output's dtype")
     parser.add_argument("--keep", action="store_true", help="partial rows kept in L2 by cache hints or not")
     parser.add_argument("--blocks", action="store_true", help="the Gluon kernel's short cache blocks or its tuned ones")
+    parser.add_argument("--minblocks", action="store_true", help="the Gluon kernel with 3, 8, 10 blocks a run at least")
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -278,7 +283,7 @@ def main() -> int:
             mode = next(
                 (
                     name
-                    for name in ("tiles", "parts", "quick", "runs", "steps", "partials", "keep", "blocks")
+                    for name in ("tiles", "parts", "quick", "runs", "steps", "partials", "keep", "blocks", "minblocks")
                     if getattr(args, name)
                 ),
                 "",
