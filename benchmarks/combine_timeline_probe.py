@@ -26,7 +26,7 @@ import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import make_inputs, module_for  # noqa: E402
-from fp8_converter_variants import edited_module  # noqa: E402
+from fp8_converter_variants import edited_module, variant_module  # noqa: E402
 from gluon_timeline_probe import stamped_run  # noqa: E402
 
 MILESTONES = ["entry", "schedule", "split waited for", "step 1 loaded", "merged", "stores issued"]
@@ -136,6 +136,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--only", default="", help="cases whose name contains one of these (a,b,...)")
+    parser.add_argument("--variant", default="", help="fp8_converter_variants edits ('+'-joined) of the module")
     args = parser.parse_args()
     only = [text for text in args.only.split(",") if text]
     tmp = args.out / "modules"
@@ -150,6 +151,8 @@ def main() -> int:
         if only and not any(text in name for text in only):
             continue
         base = module_for(spec, heads, tmp, "bf16")
+        if args.variant:
+            base = variant_module(base, args.variant.split("+"), tmp)
         q, kv, table, lens, _ = make_inputs(base, seqlens, seqlen_q, gen)
         batch = len(seqlens)
         base_schedule = base.get_decode_schedule(batch, seqlen_q, q.device, merge="kernel")

@@ -291,6 +291,18 @@ VARIANTS = {
             )
         ],
     ),
+    **{
+        f"combine_w{warps}": (
+            f"the combine launch in {warps} warps a program instead of the schedule's (combine_warps; any module)",
+            [
+                (
+                    "num_warps=schedule.combine_warps, num_stages=2, launch_pdl=schedule.pdl,",
+                    f"num_warps={warps}, num_stages=2, launch_pdl=schedule.pdl,",
+                )
+            ],
+        )
+        for warps in (1, 2, 8)
+    },
     "convert_pair": (
         "the row-loading converter two blocks at a time: both blocks' rows loaded (into registers) before the "
         "first one's stage is waited for, so two blocks are in flight a program instead of one (fp8 values "

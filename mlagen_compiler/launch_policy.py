@@ -314,6 +314,25 @@ def tuned_config(table, gpu_key, bucket, fallback):
 COMBINE_MAX_PROGRAMS_PER_SM = 16
 
 
+#: combine_warps: tiles of at most this many elements (rows x columns) may run in 2 warps a program
+COMBINE_SMALL_TILE = 512
+
+
+def combine_warps(tile, programs, sm_count):
+    """Warps of a combine program for its (rows, columns) tile and a grid of `programs`: 2 for tiles of at most
+    COMBINE_SMALL_TILE elements in a grid of more programs than SMs (more programs an SM, fewer waves), else 4.
+    Measured on the H100 (bf16, 2026-11-25, graph-replayed, every result checked; gluon_timeline_probe.py /
+    combine_timeline_probe.py, variants combine_w1 / w2 / w8 of fp8_converter_variants.py, 2 warps against 4
+    in the same run): B8 H128 S8192 (tile (4, 128), 1024 programs) 57.0 / 57.0 us against 63.1-63.3; lengths
+    [4641, 45118, 1730, 1696] H16 Sq4 ((1, 64), 2048) 46.0-46.1 against 47.2-47.3, Sq1 ((2, 64), 256) 33.0-33.3
+    against 33.4-34.1; B8 H16 ((2, 64), 512) 36.8-36.9 against 37.5-37.6; but B1 H16 (portable split, (1, 64),
+    128 programs: no second wave to save) 10.3-10.4 against 10.1-10.3. 8 warps and 1 were slower everywhere
+    measured (Sq4 64.2 and 53.6). The larger tiles of big batches keep the 4 warps they were tuned with.
+    """
+    rows, columns = tile
+    return 2 if rows * columns <= COMBINE_SMALL_TILE and programs > sm_count else 4
+
+
 def combine_tile(batch_size, rows, dc, sm_count, tiles, small_batch=0, num_parts=0):
     """((tile rows, tile columns), runs merged per step) of the combine kernel: the largest tile of `tiles`
     ({(rows, columns): runs}) that still gives every SM a program, else the smallest.

@@ -234,6 +234,14 @@ def test_gluon_short_blocks_for_short_runs_of_tall_rows_with_a_16_bit_cache_unle
     assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **{**common, "config_given": True}) is False
 
 
+def test_combine_warps_two_for_small_tiles_in_more_than_a_wave_of_programs():
+    assert lp.combine_warps((1, 64), 2048, 132) == 2  # the skewed Sq4 batch: 46.0 against 47.2 us with 4
+    assert lp.combine_warps((4, 128), 1024, 132) == 2  # B8 H128: 57.0 against 63.1 us
+    assert lp.combine_warps((1, 64), 128, 132) == 4  # B1 H16: one wave, no gain measured
+    assert lp.combine_warps((8, 128), 4096, 132) == 4  # large tiles keep their tuning
+    assert lp.combine_warps((16, 128), 4096, 132) == 4
+
+
 def test_decode_pdl_only_for_a_combine_launch_on_hopper_or_later():
     hopper = dict(capability=(9, 0), interpreting=False)
     assert lp.decode_pdl(None, merge="kernel", **hopper) is True
