@@ -37,6 +37,10 @@
 #                                      (runs of one sequence each against equal runs, in turn; ran 19:23 UTC with
 #                                      the policy then: every small batch, both backends)
 #   bash benchmarks/device_2026-11-25.sh steps   latency_probe.py --steps: the combine's runs a step x1, x2, x4
+#   (an "order" mode ran 00:03 UTC: the combine's programs by their sequence's runs, most first; correct and
+#    slower, reverted: benchmarks/results/combine_runs_first_*)
+#   (a "spread" mode ran 23:42-00:01 UTC: every run of a split sequence merging a share of it in the split launch,
+#    a cooperative launch; correct and slower, reverted: benchmarks/results/spread_merge_*)
 #   bash benchmarks/device_2026-11-25.sh latency_final   bench_decode.py's latency cases, both caches
 #   bash benchmarks/device_2026-11-25.sh partials   partial rows in the output's dtype (fifth session): GPU tests
 #                                      with the policy then (in dtype everywhere), latency_probe.py --partials on
