@@ -37,6 +37,8 @@
 #                                      (runs of one sequence each against equal runs, in turn; ran 19:23 UTC with
 #                                      the policy then: every small batch, both backends)
 #   bash benchmarks/device_2026-11-25.sh steps   latency_probe.py --steps: the combine's runs a step x1, x2, x4
+#   bash benchmarks/device_2026-11-25.sh threadsteps   at most 64 fp32 a thread a combine step for 2-warp programs in
+#                                      crowded grids: GPU tests, latency_probe.py --thread-steps, the latency cases
 #   (an "order" mode ran 00:03 UTC: the combine's programs by their sequence's runs, most first; correct and
 #    slower, reverted: benchmarks/results/combine_runs_first_*)
 #   (a "spread" mode ran 23:42-00:01 UTC: every run of a split sequence merging a share of it in the split launch,
@@ -269,6 +271,18 @@ short)
     | tee "$OUT/bench_latency.log" | grep -v "^#"
   timeout 110 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "matches_reference and gluon" \
     2>&1 | tail -8 | tee "$OUT/pytest_property.log"
+  ;;
+threadsteps)
+  # at most 64 fp32 a thread a combine step for 2-warp programs in crowded grids (combine_step_runs_for_warps):
+  # GPU tests of the combine, latency_probe.py --thread-steps (the rule on and off, in turn, twice), then
+  # bench_decode.py's latency cases (bf16)
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py -k \
+    "skewed_small_batch or many_runs_in_steps or (every_page_size and gluon and None and (32- or 64-))" 2>&1 \
+    | tail -4 | tee "$OUT/pytest.log"
+  timeout 200 python3 benchmarks/latency_probe.py --thread-steps 2>&1 | grep -v Warn | tee "$OUT/latency_thread_steps.log"
+  timeout 160 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16 \
+    --only "H16 B1 S8192 graph,H128 B1 S8192 graph,H16 B8 S8192 graph,H128 B8 S8192 graph,skewed4" 2>&1 \
+    | tee "$OUT/bench_latency.log" | grep -v "^#" | grep "^|"
   ;;
 latency_final)
   timeout 250 python3 benchmarks/bench_decode.py --out "$OUT" --caches bf16,fp8 \

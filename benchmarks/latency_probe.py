@@ -1,7 +1,8 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
     python benchmarks/latency_probe.py [--only NAME,...]
-        [--quick | --tiles | --parts | --runs | --steps | --partials | --keep | --blocks | --minblocks]
+        [--quick | --tiles | --parts | --runs | --steps [--step-scales 1,2,4] | --partials | --keep | --blocks
+         | --minblocks | --thread-steps]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
@@ -13,7 +14,8 @@ graph, which is checked too. First the floor: replay time of graphs of one and o
 policy's choice for small batches of tall rows, forced here either way) and with equal runs, in turn, twice.
 
 --steps: auto's schedule with the combine tiles' runs a step as planned (plan.COMBINE_STEP_ELEMENTS) and 2
-and 4 times as many (fewer, wider steps: the policy may then pick another tile), in turn, twice.
+and 4 times as many (fewer, wider steps: the policy may then pick another tile), in turn, twice;
+--step-scales 1,0.5 sets the factors.
 
 --partials: auto's schedule with the split sequences' partial rows in float32 and in the output's dtype
 (decode_partials_in_dtype, forced here either way), in turn, twice.
@@ -25,6 +27,9 @@ those hints (decode_keep_partials, forced here either way), in turn, twice.
 blocks and stages (gluon_short_blocks, forced here either way), in turn, twice.
 
 --minblocks: the Gluon kernel's default schedule with the plan's fewest cache blocks a run, then 3, 8 and 10.
+
+--thread-steps: auto's schedule with the combine's runs a step as combine_step_runs_for_warps sets them and
+as the tile's (the rule off), in turn, twice.
 """
 
 from __future__ import annotations
@@ -142,7 +147,9 @@ def sweep_for(case: Case, module, sms: int) -> list[dict]:
     return out
 
 
-def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -> list[str]:
+def run_case(
+    case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str, step_scales: tuple[float, ...] = (1, 2, 4)
+) -> list[str]:
     module = module_for(case.spec, case.num_heads, tmp)
     q, kv, table, lens, _ = make_inputs(module, case.seqlens, case.seqlen_q, gen)
     batch = len(case.seqlens)
@@ -166,10 +173,12 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         knobs_list = [dict(keep=flag) for _ in range(2) for flag in (0, 1)]
     elif mode == "blocks":  # the Gluon kernel's short cache blocks or its tuned ones, whatever gluon_short_blocks says
         knobs_list = [dict(backend="gluon", merge="kernel", short=flag) for _ in range(2) for flag in (1, 0)]
+    elif mode == "thread_steps":  # the combine's runs a step by combine_step_runs_for_warps, or the tile's
+        knobs_list = [dict(thread_steps=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "minblocks":  # the Gluon kernel's default schedule with fewer or more cache blocks a run at least
         knobs_list = [dict(backend="gluon", merge="kernel", min_blocks_per_part=m) for m in (None, 3, 8, 10)]
     elif mode == "steps":  # the combine's runs a step scaled, every tile (the launch policy chooses among them)
-        knobs_list = [dict(merge="kernel", step_scale=k) for _ in range(2) for k in (1, 2, 4)]
+        knobs_list = [dict(merge="kernel", step_scale=k) for _ in range(2) for k in step_scales]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
         knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
     for knobs in knobs_list:
@@ -179,13 +188,14 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
         forced_partials = knobs.pop("partials", None)
         forced_keep = knobs.pop("keep", None)
         forced_short = knobs.pop("short", None)
+        forced_thread_steps = knobs.pop("thread_steps", None)
         step_scale = knobs.pop("step_scale", 1)
         try:
             tiles = module.DECODE_COMBINE_TILES
             if tile is not None:
                 module.DECODE_COMBINE_TILES = {tile: tiles[tile]}
             elif step_scale != 1:
-                module.DECODE_COMBINE_TILES = {t: runs * step_scale for t, runs in tiles.items()}
+                module.DECODE_COMBINE_TILES = {t: max(1, int(runs * step_scale)) for t, runs in tiles.items()}
             try:
                 forced = (
                     nullcontext()
@@ -211,7 +221,12 @@ def run_case(case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str) -
                     if forced_short is None
                     else patch.object(module, "gluon_short_blocks", lambda flag=bool(forced_short), **kwargs: flag)
                 )
-                with forced, forced_dtype, forced_hints, forced_blocks:
+                tile_steps = (
+                    patch.object(module, "combine_step_runs_for_warps", lambda runs, *args: runs)
+                    if forced_thread_steps == 0
+                    else nullcontext()
+                )
+                with forced, forced_dtype, forced_hints, forced_blocks, tile_steps:
                     schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
             finally:
                 module.DECODE_COMBINE_TILES = tiles
@@ -262,10 +277,14 @@ def main() -> int:
     parser.add_argument("--parts", action="store_true", help="the Gluon kernel at several run counts instead")
     parser.add_argument("--runs", action="store_true", help="runs of one sequence each against equal runs")
     parser.add_argument("--steps", action="store_true", help="the combine's runs a step as planned, x2 and x4")
+    parser.add_argument("--step-scales", default="1,2,4", help="--steps: the scales (e.g. 1,0.5)")
     parser.add_argument("--partials", action="store_true", help="partial rows in float32 against the output's dtype")
     parser.add_argument("--keep", action="store_true", help="partial rows kept in L2 by cache hints or not")
     parser.add_argument("--blocks", action="store_true", help="the Gluon kernel's short cache blocks or its tuned ones")
     parser.add_argument("--minblocks", action="store_true", help="the Gluon kernel with 3, 8, 10 blocks a run at least")
+    parser.add_argument(
+        "--thread-steps", action="store_true", help="the combine's runs a step by combine_step_runs_for_warps or not"
+    )
     args = parser.parse_args()
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
@@ -283,12 +302,23 @@ def main() -> int:
             mode = next(
                 (
                     name
-                    for name in ("tiles", "parts", "quick", "runs", "steps", "partials", "keep", "blocks", "minblocks")
+                    for name in (
+                        "tiles",
+                        "parts",
+                        "quick",
+                        "runs",
+                        "steps",
+                        "partials",
+                        "keep",
+                        "blocks",
+                        "minblocks",
+                        "thread_steps",
+                    )
                     if getattr(args, name)
                 ),
                 "",
             )
-            lines += run_case(case, Path(tmp), gen, sms, mode)
+            lines += run_case(case, Path(tmp), gen, sms, mode, tuple(float(x) for x in args.step_scales.split(",")))
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]
     print(f"\n{len(lines)} rows, {len(failed)} failed")

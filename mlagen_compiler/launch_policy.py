@@ -333,6 +333,34 @@ def combine_warps(tile, programs, sm_count):
     return 2 if rows * columns <= COMBINE_SMALL_TILE and programs > sm_count else 4
 
 
+#: combine_step_runs_for_warps: fp32 partial elements a thread loads a step at most, in a grid of at least
+#: COMBINE_CROWDED_PROGRAMS_PER_SM programs an SM
+COMBINE_THREAD_ELEMENTS = 64
+COMBINE_CROWDED_PROGRAMS_PER_SM = 8
+
+
+def combine_step_runs_for_warps(runs, tile, warps, programs, sm_count):
+    """Runs a combine program merges a step: the tile's (combine_tile; the plan sizes a step at up to 64 fp32
+    a thread of 4 warps), fewer where that leaves more than COMBINE_THREAD_ELEMENTS a thread (programs of 2
+    warps, combine_warps) in a grid of at least COMBINE_CROWDED_PROGRAMS_PER_SM programs an SM: there registers
+    decide how many programs an SM holds at once, and the waves of programs are the launch's time, even where
+    a long sequence then takes one step more.
+
+    Measured on the H100 (bf16, 2026-11-26, graph-replayed, every result checked; latency_probe.py --steps
+    --step-scales 1,0.5 and --thread-steps, in turn twice): lengths [4641, 45118, 1730, 1696] H16 Sq4 ((1, 64),
+    2048 programs of 2 warps: 64 runs a step instead of 128) 45.4-45.8 us against 47.1-47.6 (combine 8.1-8.4
+    against 10.2-10.7). In grids of about 4 programs an SM it depends on the steps: B8 H16 ((2, 64), 512
+    programs, 8 runs a sequence: 32 runs a step, still one) 37.8-38.0 against 38.3-38.5, but B1 H128 ((2, 64),
+    512 programs, 66 runs: three steps instead of two) 22.5-22.8 against 21.9-22.3; the host does not know a
+    sequence's runs (lengths are device data), so both keep the tile's. B8 H128 ((4, 128), 1024 programs, 64 a
+    thread already) 59.0-59.1 with half its runs against 57.3-58.2.
+    """
+    rows, columns = tile
+    if programs < COMBINE_CROWDED_PROGRAMS_PER_SM * sm_count:
+        return runs
+    return max(2, min(runs, COMBINE_THREAD_ELEMENTS * 32 * warps // (rows * columns)))
+
+
 def combine_tile(batch_size, rows, dc, sm_count, tiles, small_batch=0, num_parts=0):
     """((tile rows, tile columns), runs merged per step) of the combine kernel: the largest tile of `tiles`
     ({(rows, columns): runs}) that still gives every SM a program, else the smallest.

@@ -234,6 +234,18 @@ def test_gluon_short_blocks_for_short_runs_of_tall_rows_with_a_16_bit_cache_unle
     assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **{**common, "config_given": True}) is False
 
 
+def test_combine_step_runs_fewer_for_two_warp_programs_in_crowded_grids():
+    # the skewed Sq4 batch: (1, 64), 2048 programs of 2 warps: 64 runs a step (45.4 against 47.1 us with 128)
+    assert lp.combine_step_runs_for_warps(128, (1, 64), 2, 2048, 132) == 64
+    # B8 H16 and B1 H128: (2, 64), 512 programs (under 8 an SM): the tile's 64 (B1 H128: 22.5-22.8 with 32)
+    assert lp.combine_step_runs_for_warps(64, (2, 64), 2, 512, 132) == 64
+    assert lp.combine_step_runs_for_warps(64, (2, 64), 2, 1056, 132) == 32  # 8 an SM: at most 64 fp32 a thread
+    assert lp.combine_step_runs_for_warps(8, (4, 128), 2, 1024, 132) == 8  # B8 H128: 64 a thread already
+    assert lp.combine_step_runs_for_warps(128, (1, 64), 4, 2048, 132) == 128  # 4 warps: 64 a thread already
+    assert lp.combine_step_runs_for_warps(2, (16, 128), 4, 4096, 132) == 2  # large tiles keep theirs
+    assert lp.combine_step_runs_for_warps(2, (64, 128), 2, 4096, 132) == 2  # never fewer than 2
+
+
 def test_combine_warps_two_for_small_tiles_in_more_than_a_wave_of_programs():
     assert lp.combine_warps((1, 64), 2048, 132) == 2  # the skewed Sq4 batch: 46.0 against 47.2 us with 4
     assert lp.combine_warps((4, 128), 1024, 132) == 2  # B8 H128: 57.0 against 63.1 us
