@@ -348,12 +348,13 @@ def combine_step_runs_for_warps(runs, tile, warps, programs, sm_count):
 
     Measured on the H100 (bf16, 2026-11-26, graph-replayed, every result checked; latency_probe.py --steps
     --step-scales 1,0.5 and --thread-steps, in turn twice): lengths [4641, 45118, 1730, 1696] H16 Sq4 ((1, 64),
-    2048 programs of 2 warps: 64 runs a step instead of 128) 45.4-45.8 us against 47.1-47.6 (combine 8.1-8.4
-    against 10.2-10.7). In grids of about 4 programs an SM it depends on the steps: B8 H16 ((2, 64), 512
-    programs, 8 runs a sequence: 32 runs a step, still one) 37.8-38.0 against 38.3-38.5, but B1 H128 ((2, 64),
-    512 programs, 66 runs: three steps instead of two) 22.5-22.8 against 21.9-22.3; the host does not know a
-    sequence's runs (lengths are device data), so both keep the tile's. B8 H128 ((4, 128), 1024 programs, 64 a
-    thread already) 59.0-59.1 with half its runs against 57.3-58.2.
+    2048 programs of 2 warps: 64 runs a step instead of 128) 45.2-45.8 us against 47.1-47.6 (combine 8.1-8.5
+    against 10.2-10.7), and 47.2-47.6 with 32 (--step-scales 1,0.25). In grids of about 4 programs an SM it
+    depends on the steps: B8 H16 ((2, 64), 512 programs, 8 runs a sequence: 32 runs a step, still one)
+    37.8-38.0 against 38.3-38.5, but B1 H128 ((2, 64), 512 programs, 66 runs: three steps instead of two)
+    22.5-22.8 against 21.9-22.3; the host does not know a sequence's runs (lengths are device data), so both
+    keep the tile's. B8 H128 ((4, 128), 1024 programs, 64 a thread already) 59.0-59.1 with half its runs
+    against 57.3-58.2.
     """
     rows, columns = tile
     if programs < COMBINE_CROWDED_PROGRAMS_PER_SM * sm_count:
