@@ -359,7 +359,8 @@ def combine_step_runs_for_warps(runs, tile, warps, programs, sm_count):
     rows, columns = tile
     if programs < COMBINE_CROWDED_PROGRAMS_PER_SM * sm_count:
         return runs
-    return max(2, min(runs, COMBINE_THREAD_ELEMENTS * 32 * warps // (rows * columns)))
+    threads = 32 * warps
+    return max(2, min(runs, COMBINE_THREAD_ELEMENTS * threads // (rows * columns)))
 
 
 def combine_tile(batch_size, rows, dc, sm_count, tiles, small_batch=0, num_parts=0):
