@@ -226,7 +226,29 @@ VARIANTS = {
     "convert": (
         "every block loaded row by row by the converting producer (the choice before the landing producer) where "
         "the landing producer would take it (Sq * H <= 32, pages of whole blocks)",
-        [("if CACHE_SCALED and boxes and query_rows <= DECODE_GLUON_LAND_ROWS:", "if False:")],
+        [
+            (
+                "if CACHE_SCALED and boxes and (query_rows <= DECODE_GLUON_LAND_ROWS or block_n == "
+                "DECODE_GLUON_LAND_APART_BLOCK_N):",
+                "if False:",
+            )
+        ],
+    ),
+    "no_apart": (
+        "more query rows than half the tile in one row block (H64) as before 2026-11-26: 64-position blocks loaded "
+        "row by row by the converting producer, instead of the landing producer's 32-position blocks landed in a "
+        "zone of their own",
+        [
+            (
+                "return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given",
+                "return False",
+            )
+        ],
+    ),
+    "apart_noconv": (
+        "probe, wrong output by design: the landing converter stores nothing (no loads, no conversion; the "
+        "handshakes and the rope kept), to show what bounds the landing producer where it lands apart (H128)",
+        [("k_c.slice(g * GROUP, GROUP, dim=0).store(boxes.to(gl.float16))", "pass")],
     ),
     "wide": (
         "the query rows as the MMAs' M, padded to 64 (the form before 2026-11-25 16:30 UTC), where the narrow form "
@@ -329,6 +351,7 @@ VARIANTS = {
 #: (name, bundled spec, heads, lengths)
 CASES = [
     ("H128 B128 S8192", "deepseek-v3-tp1", 128, [8192] * 128),
+    ("H64 B128 S8192", "deepseek-v3-tp2", 64, [8192] * 128),
     ("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
     ("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64),
     ("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128),

@@ -55,6 +55,7 @@ def compile_offline(
     sequence_runs: bool = False,
     short_blocks: bool = False,
 ) -> dict:
+    # (an fp8 module's landing producer with more query rows than half the tile lands apart, in short blocks)
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
     from triton.experimental.gluon import language as gl
     from triton.runtime.driver import driver
@@ -100,8 +101,19 @@ def compile_offline(
     if isinstance(p_layout, dict):  # (modules after 44c0e3f: a P layout per block size)
         if short_blocks:
             block_n, stages = module.DECODE_GLUON_SMALL_BATCH_BLOCK_N, module.DECODE_GLUON_SMALL_BATCH_STAGES
+        land_apart = producer == "land" and rows > module.DECODE_GLUON_LAND_ROWS
+        if land_apart:
+            block_n, stages = module.DECODE_GLUON_LAND_APART_BLOCK_N, module.DECODE_GLUON_LAND_APART_STAGES
+            narrow_form["LAND_APART"] = True
+            narrow_form["LAND_PIECES"] = module.DECODE_GLUON_LAND_APART_PIECES
+        elif "LAND_APART" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 2292396)
+            narrow_form["LAND_APART"] = False
         p_layout = p_layout[block_n]
-        q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer, block_n)
+        if land_apart:
+            descriptors = module._gluon_launch_descriptors(q, kv, producer, block_n, True)
+        else:
+            descriptors = module._gluon_launch_descriptors(q, kv, producer, block_n)
+        q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = descriptors
     else:
         q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = module._gluon_launch_descriptors(q, kv, producer)
     i32 = torch.empty(16, dtype=torch.int32)

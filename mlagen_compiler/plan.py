@@ -191,6 +191,12 @@ class GluonDecodePlan:
     #: its pieces: the latent's Dc / 64 / land_group, then one for the rope
     land_group: int
     land_pieces: int
+    #: more query rows than land_rows in one row block (launch_policy.gluon_land_apart): the landing producer lands
+    #: in a buffer of its own beside the query tile, blocks of land_apart_block_n positions in a ring of
+    #: land_apart_stages, in land_apart_pieces handshakes a block (LAND_APART_GROUP latent chunks a piece)
+    land_apart_block_n: int
+    land_apart_stages: int
+    land_apart_pieces: int
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
@@ -220,6 +226,27 @@ def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int,
     top (a few hundred bytes in the offline builds)."""
     data = 2 * (block_m * (dc + dr) + stages * block_n * (dc + dr) + block_m * block_n) + 3 * 4 * block_m
     return data + 8 * (2 * stages + 7 + 2 * land_pieces)
+
+
+#: fp8 cache, query rows filling the tile (launch_policy.gluon_land_apart): cache positions a block, so that one
+#: block's fp8 boxes fit beside the query tile and the 16-bit stages
+LAND_APART_BLOCK_N = 32
+#: its latent chunks a landing piece. Measured on the H100 (2026-11-26, H64 B128 S8192 fp8, bf16 425.1 us):
+#: 2 chunks 411.1 us, 4 chunks 397.1, 8 chunks 467.8
+LAND_APART_GROUP = 4
+
+
+def _gluon_land_apart_stages(dc: int, dr: int, block_m: int, land_pieces: int) -> int:
+    """Ring stages of LAND_APART_BLOCK_N positions that fit beside the query tile, P and a landing zone of one
+    fp8 block (at most GLUON_MAX_STAGES; 2 where none fit: such a launch fails at its start, as any over-budget
+    ring does)."""
+    landing = LAND_APART_BLOCK_N * (dc + dr)
+    fitting = [
+        s
+        for s in range(2, GLUON_MAX_STAGES + 1)
+        if _gluon_smem_bytes(dc, dr, s, block_m, LAND_APART_BLOCK_N, land_pieces) + landing <= GLUON_MAX_SMEM
+    ]
+    return max(fitting, default=2)
 
 
 #: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide).
@@ -255,8 +282,10 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
     if dr not in (16, 32, 64, 128):
         reasons.append(f"Dr = {dr} is not a power of two in 16..128")
     # the landing producer's pieces: land_group 64-column latent chunks each, and one for the rope
-    land_group = min(LAND_GROUP, dc // 64)
+    # (at least one chunk a piece: a latent narrower than 64 columns is not eligible, but is still lowered)
+    land_group = max(1, min(LAND_GROUP, dc // 64))
     land_pieces = dc // 64 // land_group + 1
+    land_apart_pieces = dc // 64 // max(1, min(LAND_APART_GROUP, dc // 64)) + 1
     # (its mbarriers take shared memory only with an fp8 cache)
     smem_pieces = land_pieces if cache_dtype in SCALED_CACHE_DTYPES else 0
     fitting = [
@@ -290,6 +319,9 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         narrow_land_warps=4,
         land_group=land_group,
         land_pieces=land_pieces,
+        land_apart_block_n=LAND_APART_BLOCK_N,
+        land_apart_stages=_gluon_land_apart_stages(dc, dr, block_m, land_apart_pieces if smem_pieces else 0),
+        land_apart_pieces=land_apart_pieces,
         narrow_rows=NARROW_ROWS,
         small_batch_block_n=SMALL_BATCH_BLOCK_N,
         small_batch_stages=SMALL_BATCH_STAGES,
@@ -480,7 +512,9 @@ class KernelPlan:
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
             converted = (
                 f" ({self.spec.cache_dtype} cache converted to float16 in shared memory; landed by TMA in"
-                f" the query tile's unused half where Sq * H <= {gluon.land_rows} and pages hold whole blocks)"
+                f" the query tile's unused half where Sq * H <= {gluon.land_rows} and pages hold whole blocks, in"
+                f" a zone of its own beside {gluon.land_apart_block_n}-position stages where Sq * H <="
+                f" {gluon.block_m} and pages hold those)"
             )
             dec["backend"] = (
                 f"gluon{converted if gluon.convert_cache else ''} on compute capability 9.x with triton {verified}, "

@@ -258,6 +258,45 @@ def test_gluon_short_and_tuned_blocks_both_match_the_reference(build_module, dev
     check_decode(module, device, {**problem, "config": tuned}, "gluon")
 
 
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+@pytest.mark.parametrize("page_size", [32, 64])
+def test_gluon_fp8_landing_apart_and_row_loading_both_match_the_reference(build_module, device, page_size, merge):
+    """An fp8 cache with 64 query rows (H16 Sq4: more than the query tile's half, one row block) lands its
+    32-position blocks by TMA in a landing zone of its own (gluon_land_apart); the same inputs with the tuned
+    configuration given load 64-position blocks row by row (the converting producer). Both against the
+    reference, both merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
+    require_backend(build_module, device, "gluon")
+    problem = dict(
+        heads=16,
+        dc=512,
+        dr=64,
+        page_size=page_size,
+        dtype="bfloat16",
+        cache_dtype="float8_e4m3fn",
+        seqlen_q=4,
+        seqlens=[1, 31, 33, 0, 197, 700, 64, 129],
+        num_parts=None,
+        min_blocks=None,
+        merge=merge,
+        tma=True,
+        nan_unused=True,
+        seed=4545 + page_size,
+    )
+    module = module_for(build_module, problem)
+    apart = module.get_decode_schedule(8, 4, device, backend="gluon", merge=merge)
+    assert apart.config[0] == module.DECODE_GLUON_LAND_APART_BLOCK_N == 32, apart
+    assert apart.config[2] == module.DECODE_GLUON_LAND_APART_STAGES
+    kv = torch.empty(2, page_size, 1, 576, dtype=torch.float8_e4m3fn, device=device)
+    assert module._gluon_producer_kind(kv, 64, apart.narrow, apart.config[0])[0] == "land"
+    check_decode(module, device, problem, "gluon")
+    tuned = module.get_decode_schedule(8, 4, device, backend="gluon", config=module.DECODE_GLUON_DEFAULT).config
+    assert tuned[0] == module.DECODE_GLUON_BLOCK_N == 64
+    assert module._gluon_producer_kind(kv, 64, 0, tuned[0])[0] == "convert"
+    check_decode(module, device, {**problem, "config": tuned}, "gluon")
+
+
 def rows_off_word_boundaries(cache: torch.Tensor) -> torch.Tensor:
     """The cache copied into a view whose rows are one element longer than they are wide and whose first
     element is one element past its storage's start (the gaps hold NaN): neither rows nor pages start on a

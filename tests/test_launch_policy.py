@@ -234,6 +234,18 @@ def test_gluon_short_blocks_for_short_runs_of_tall_rows_with_a_16_bit_cache_unle
     assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **{**common, "config_given": True}) is False
 
 
+def test_gluon_land_apart_for_fp8_caches_whose_query_fills_one_row_block_unless_configured():
+    common = dict(land_rows=32, block_m=64, fp8_cache=True, page_size=64, block_n=32, config_given=False)
+    assert lp.gluon_land_apart(query_rows=64, **common) is True  # H64 Sq1, H16 Sq4
+    assert lp.gluon_land_apart(query_rows=48, **common) is True  # H16 Sq3
+    assert lp.gluon_land_apart(query_rows=32, **common) is False  # lands in the query tile's lower half
+    assert lp.gluon_land_apart(query_rows=128, **common) is False  # H128: two row blocks, compute-bound
+    assert lp.gluon_land_apart(query_rows=64, **{**common, "fp8_cache": False}) is False
+    assert lp.gluon_land_apart(query_rows=64, **{**common, "page_size": 16}) is False  # blocks across pages
+    assert lp.gluon_land_apart(query_rows=64, **{**common, "page_size": 32}) is True
+    assert lp.gluon_land_apart(query_rows=64, **{**common, "config_given": True}) is False
+
+
 def test_combine_step_runs_fewer_for_two_warp_programs_in_crowded_grids():
     # the skewed Sq4 batch: (1, 64), 2048 programs of 2 warps: 64 runs a step (45.4 against 47.1 us with 128)
     assert lp.combine_step_runs_for_warps(128, (1, 64), 2, 2048, 132) == 64
