@@ -247,8 +247,40 @@ VARIANTS = {
     ),
     "apart_noconv": (
         "probe, wrong output by design: the landing converter stores nothing (no loads, no conversion; the "
-        "handshakes and the rope kept), to show what bounds the landing producer where it lands apart (H128)",
+        "handshakes and the rope kept), to show what bounds the landing producer (H128 landing apart, H16)",
         [("k_c.slice(g * GROUP, GROUP, dim=0).store(boxes.to(gl.float16))", "pass")],
+    ),
+    "apart32": (
+        "32 query rows (Mistral-Small-4 H32, H16 Sq2) land apart too (32-position stages, a landing zone of its "
+        "own) instead of in the query tile's lower half with 64-position stages",
+        [
+            (
+                "return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given",
+                "return fp8_cache and land_rows <= query_rows <= block_m and page_size >= block_n and not config_given",
+            ),
+            (
+                'land_apart = producer == "land" and seqlen_q * NUM_HEADS > DECODE_GLUON_LAND_ROWS',
+                'land_apart = producer == "land" and seqlen_q * NUM_HEADS >= DECODE_GLUON_LAND_ROWS',
+            ),
+        ],
+    ),
+    "s1": (
+        "probe: one 16-bit stage instead of the tuned two (a block's conversion waits for the MMAs of the block "
+        "before), to measure conversion and MMAs in series",
+        [("STAGES=schedule.config[2],", "STAGES=1,")],
+    ),
+    "pv104": (
+        "the P V warpgroup (and the other non-default partitions' budget) at 104 registers instead of the tuned 168",
+        [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=104,")],
+    ),
+    "land8w": (
+        "the narrow form's landing converter in 8 warps at 64 registers (17 warps: the P V warpgroup at 104 "
+        "registers so that the partitions fit the register file) instead of 4 at 80",
+        [
+            ("DECODE_GLUON_NARROW_LAND_WARPS = 4", "DECODE_GLUON_NARROW_LAND_WARPS = 8"),
+            ("DECODE_GLUON_LAND_REGS = 80", "DECODE_GLUON_LAND_REGS = 64"),
+            ("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=104,"),
+        ],
     ),
     "wide": (
         "the query rows as the MMAs' M, padded to 64 (the form before 2026-11-25 16:30 UTC), where the narrow form "
