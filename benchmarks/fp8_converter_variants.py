@@ -72,11 +72,11 @@ def _gluon_prefetch_block(KV, row0, DC: gl.constexpr, DR: gl.constexpr, BLOCK_N:
 
 #: the launch's landing pieces (the plan's: Dc / 64 / plan.LAND_GROUP latent pieces and the rope's), and the same
 #: for `group` latent chunks a piece, in a text that every fp8 module shares
-_LAND_PIECES = 'LAND_PIECES=DECODE_GLUON_LAND_PIECES if producer == "land" else 1,'
+_LAND_PIECES = "LAND_PIECES=(DECODE_GLUON_LAND_APART_PIECES if land_apart else DECODE_GLUON_LAND_PIECES)"
 
 
 def _land_pieces(group: int) -> str:
-    return f'LAND_PIECES=KV_LORA_RANK // 64 // {group} + 1 if producer == "land" else 1,'
+    return f"LAND_PIECES=(KV_LORA_RANK // 64 // {group} + 1)"
 
 
 def _prefetch_edits(ahead: int) -> list[tuple[str, str]]:
@@ -268,6 +268,17 @@ VARIANTS = {
         "probe: one 16-bit stage instead of the tuned two (a block's conversion waits for the MMAs of the block "
         "before), to measure conversion and MMAs in series",
         [("STAGES=schedule.config[2],", "STAGES=1,")],
+    ),
+    "lsum_each": (
+        "the narrow form's row sums summed over the block's positions every block (one more exchange through "
+        "shared memory and barrier a block: the form before 2026-11-26) instead of once a piece",
+        [
+            (
+                "l_i = l_i * alpha[None, :] + p",
+                "l_i = l_i * alpha[None, :] + gl.where(gl.arange(0, BLOCK_N, gl.SliceLayout(1, s_layout))[:, None] "
+                "== 0, gl.sum(p, 0)[None, :], 0.0)",
+            )
+        ],
     ),
     "pv104": (
         "the P V warpgroup (and the other non-default partitions' budget) at 104 registers instead of the tuned 168",
