@@ -111,8 +111,15 @@ def test_fp8_cache_plan():
     assert decode.gluon.land_rows == decode.gluon.block_m // 2
     assert fp8.summary()["decode"]["backend"].startswith(
         "gluon (float8_e4m3fn cache converted to float16 in shared memory; landed by TMA in the query tile's"
-        " unused half where Sq * H <= 32 and pages hold whole blocks) on compute capability 9.x"
+        " unused half where Sq * H <= 32 and pages hold whole blocks, in a zone of its own beside 32-position"
+        " stages where Sq * H <= 64 and pages hold those) on compute capability 9.x"
     )
+    # landing apart (one row block of more than 32 query rows): 32-position stages beside a landing zone of
+    # one fp8 block, the query tile and P, within the shared memory the plan allows
+    g = decode.gluon
+    assert (g.land_apart_block_n, g.land_apart_stages, g.land_apart_pieces) == (32, 3, 8 // 4 + 1)
+    apart_bytes = 2 * (64 * 576 + 3 * 32 * 576 + 64 * 32) + 32 * 576 + 3 * 4 * 64 + 8 * (2 * 3 + 7 + 2 * 3)
+    assert apart_bytes <= 232448 < apart_bytes + 32 * 576 * 2  # a fourth stage would not fit
 
 
 def test_wide_latent_needs_eight_warps_for_64_rows():
