@@ -221,6 +221,27 @@ def test_gluon_narrow_and_wide_forms_both_match_the_reference(build_module, devi
         check_decode(module, device, problem, "gluon")
 
 
+def tall_rows_small_batch(page_size: int, merge: str, cache_dtype: str | None, seed: int) -> dict:
+    """8 sequences of DeepSeek H16 at Sq 4 (64 query rows: one row block, rows as the MMAs' M): page edges, an
+    empty sequence, splits by the launch policy, NaN in every unused slot."""
+    return dict(
+        heads=16,
+        dc=512,
+        dr=64,
+        page_size=page_size,
+        dtype="bfloat16",
+        cache_dtype=cache_dtype,
+        seqlen_q=4,
+        seqlens=[1, 31, 33, 0, 197, 700, 64, 129],
+        num_parts=None,
+        min_blocks=None,
+        merge=merge,
+        tma=True,
+        nan_unused=True,
+        seed=seed,
+    )
+
+
 @pytest.mark.parametrize("merge", ["fused", "kernel"])
 @pytest.mark.parametrize("page_size", [32, 64])
 def test_gluon_short_and_tuned_blocks_both_match_the_reference(build_module, device, page_size, merge):
@@ -231,22 +252,7 @@ def test_gluon_short_and_tuned_blocks_both_match_the_reference(build_module, dev
     if device.type != "cuda":
         pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
     require_backend(build_module, device, "gluon")
-    problem = dict(
-        heads=16,
-        dc=512,
-        dr=64,
-        page_size=page_size,
-        dtype="bfloat16",
-        cache_dtype=None,
-        seqlen_q=4,
-        seqlens=[1, 31, 33, 0, 197, 700, 64, 129],
-        num_parts=None,
-        min_blocks=None,
-        merge=merge,
-        tma=True,
-        nan_unused=True,
-        seed=4343 + page_size,
-    )
+    problem = tall_rows_small_batch(page_size, merge, None, seed=4343 + page_size)
     module = module_for(build_module, problem)
     # the schedule check_decode plans (the launch policy's runs)
     short = module.get_decode_schedule(8, 4, device, backend="gluon", merge=merge)
@@ -268,22 +274,7 @@ def test_gluon_fp8_landing_apart_and_row_loading_both_match_the_reference(build_
     if device.type != "cuda":
         pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
     require_backend(build_module, device, "gluon")
-    problem = dict(
-        heads=16,
-        dc=512,
-        dr=64,
-        page_size=page_size,
-        dtype="bfloat16",
-        cache_dtype="float8_e4m3fn",
-        seqlen_q=4,
-        seqlens=[1, 31, 33, 0, 197, 700, 64, 129],
-        num_parts=None,
-        min_blocks=None,
-        merge=merge,
-        tma=True,
-        nan_unused=True,
-        seed=4545 + page_size,
-    )
+    problem = tall_rows_small_batch(page_size, merge, "float8_e4m3fn", seed=4545 + page_size)
     module = module_for(build_module, problem)
     apart = module.get_decode_schedule(8, 4, device, backend="gluon", merge=merge)
     assert apart.config[0] == module.DECODE_GLUON_LAND_APART_BLOCK_N == 32, apart
