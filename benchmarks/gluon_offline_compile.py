@@ -55,8 +55,8 @@ def compile_offline(
     sequence_runs: bool = False,
     short_blocks: bool = False,
 ) -> dict:
-    # (an fp8 module's landing producer with more query rows than half the tile lands apart, in short blocks)
-    """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers."""
+    """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers. An fp8
+    module's landing producer with more query rows than half the tile lands apart, in short blocks."""
     from triton.experimental.gluon import language as gl
     from triton.runtime.driver import driver
 
