@@ -228,8 +228,7 @@ VARIANTS = {
         "the landing producer would take it (Sq * H <= 32, pages of whole blocks)",
         [
             (
-                "if CACHE_SCALED and boxes and (query_rows <= DECODE_GLUON_LAND_ROWS or block_n == "
-                "DECODE_GLUON_LAND_APART_BLOCK_N):",
+                "if CACHE_SCALED and boxes and (query_rows <= DECODE_GLUON_LAND_ROWS or land_apart):",
                 "if False:",
             )
         ],
@@ -257,10 +256,6 @@ VARIANTS = {
             (
                 "return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given",
                 "return fp8_cache and land_rows <= query_rows <= block_m and page_size >= block_n and not config_given",
-            ),
-            (
-                'land_apart = producer == "land" and seqlen_q * NUM_HEADS > DECODE_GLUON_LAND_ROWS',
-                'land_apart = producer == "land" and seqlen_q * NUM_HEADS >= DECODE_GLUON_LAND_ROWS',
             ),
         ],
     ),

@@ -101,6 +101,7 @@ def compile_offline(
     if isinstance(p_layout, dict):  # (modules after 44c0e3f: a P layout per block size)
         if short_blocks:
             block_n, stages = module.DECODE_GLUON_SMALL_BATCH_BLOCK_N, module.DECODE_GLUON_SMALL_BATCH_STAGES
+        # (what gluon_land_apart plans for such rows, forced with --producer land)
         land_apart = producer == "land" and rows > module.DECODE_GLUON_LAND_ROWS
         if land_apart:
             block_n, stages = module.DECODE_GLUON_LAND_APART_BLOCK_N, module.DECODE_GLUON_LAND_APART_STAGES

@@ -278,14 +278,14 @@ def test_gluon_fp8_landing_apart_and_row_loading_both_match_the_reference(build_
     module = module_for(build_module, problem)
     apart = module.get_decode_schedule(8, 4, device, backend="gluon", merge=merge)
     assert apart.config[0] == module.DECODE_GLUON_LAND_APART_BLOCK_N == 32, apart
-    assert apart.config[2] == module.DECODE_GLUON_LAND_APART_STAGES
+    assert apart.config[2] == module.DECODE_GLUON_LAND_APART_STAGES and apart.land_apart
     kv = torch.empty(2, page_size, 1, 576, dtype=torch.float8_e4m3fn, device=device)
-    assert module._gluon_producer_kind(kv, 64, apart.narrow, apart.config[0])[0] == "land"
+    assert module._gluon_producer_kind(kv, 64, apart.narrow, apart.config[0], apart.land_apart)[0] == "land"
     check_decode(module, device, problem, "gluon")
-    tuned = module.get_decode_schedule(8, 4, device, backend="gluon", config=module.DECODE_GLUON_DEFAULT).config
-    assert tuned[0] == module.DECODE_GLUON_BLOCK_N == 64
-    assert module._gluon_producer_kind(kv, 64, 0, tuned[0])[0] == "convert"
-    check_decode(module, device, {**problem, "config": tuned}, "gluon")
+    tuned = module.get_decode_schedule(8, 4, device, backend="gluon", config=module.DECODE_GLUON_DEFAULT)
+    assert tuned.config[0] == module.DECODE_GLUON_BLOCK_N == 64 and not tuned.land_apart
+    assert module._gluon_producer_kind(kv, 64, 0, tuned.config[0], tuned.land_apart)[0] == "convert"
+    check_decode(module, device, {**problem, "config": tuned.config}, "gluon")
 
 
 def rows_off_word_boundaries(cache: torch.Tensor) -> torch.Tensor:
