@@ -195,6 +195,15 @@ VARIANTS = {
         "converter 104 -> 96 registers, softmax warpgroup 232 -> 240",
         [("DECODE_GLUON_CONVERT_REGS = 104", "DECODE_GLUON_CONVERT_REGS = 96")],
     ),
+    "conv112": (
+        "converter 104 -> 112 registers, softmax warpgroup 232 -> 224 (offline, with the query views in the loop: "
+        "its spills 2 -> 8 instructions, the converter's 32 -> 18)",
+        [("DECODE_GLUON_CONVERT_REGS = 104", "DECODE_GLUON_CONVERT_REGS = 112")],
+    ),
+    "conv120": (
+        "converter 104 -> 120 registers, softmax warpgroup 232 -> 216",
+        [("DECODE_GLUON_CONVERT_REGS = 104", "DECODE_GLUON_CONVERT_REGS = 120")],
+    ),
     "pv160": (
         "P @ V warpgroup 168 -> 160 registers, softmax warpgroup +8 (with regs88: 256, whose inner loops then "
         "load 7 spilled values a block instead of 18-20; offline SASS)",
@@ -274,6 +283,16 @@ VARIANTS = {
                 "== 0, gl.sum(p, 0)[None, :], 0.0)",
             )
         ],
+    ),
+    "hoisted": (
+        "the query tile's MMA descriptors hoisted out of the block loop (rows as M; the form before 2026-11-26 05:00 "
+        "UTC, which spilled them) instead of views indexed by a value the compiler cannot fold",
+        [("opaque_zero = it >> 30", "opaque_zero = 0")],
+    ),
+    "balanced": (
+        "runs balanced over every SM (a run may cross sequences: SMs // row blocks runs) instead of aligned to "
+        "sequences where they fill 90% of a wave",
+        [("ALIGNED_RUNS_MIN_OCCUPANCY = 0.9", "ALIGNED_RUNS_MIN_OCCUPANCY = 1.01")],
     ),
     "pv104": (
         "the P V warpgroup (and the other non-default partitions' budget) at 104 registers instead of the tuned 168",
