@@ -70,6 +70,39 @@ def _gluon_prefetch_block(KV, row0, DC: gl.constexpr, DR: gl.constexpr, BLOCK_N:
 """
 
 
+#: one block's rows (contiguous where a page holds whole blocks) asked into L2 by bulk prefetches spread over the
+#: converting warps' lanes (variant conv_prefetch)
+_PREFETCH_ROWS = """@gluon.jit
+def _gluon_prefetch_rows(start, nbytes: gl.constexpr, WARPS: gl.constexpr):
+    layout: gl.constexpr = gl.BlockedLayout([1], [32], [WARPS], [0])
+    SLICE: gl.constexpr = nbytes // (32 * WARPS)
+    lanes = gl.arange(0, 32 * WARPS, layout)
+    gl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
+                              [start + lanes * SLICE, gl.full([32 * WARPS], SLICE, gl.int32, layout)],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+"""
+_CONVERTER_TILE_R = (
+    " " * 20 + "tile_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)\n"
+)
+
+
+def _convert_prefetch_edits(ahead: int) -> list[tuple[str, str]]:
+    """The row-loading converter prefetches the rows of block blk + ahead into L2 when it loads block blk's."""
+    body = (
+        f"if blk + {ahead} < hi:\n"
+        f"    pf_tok = (blk + {ahead}) * BLOCK_N\n"
+        "    pf_page = gl.load(bt_row + pf_tok // PAGE_SIZE)\n"
+        "    _gluon_prefetch_rows(KV + pf_page.to(gl.int64) * stride_kv_page + (pf_tok % PAGE_SIZE) * stride_kv_tok,\n"
+        "                         BLOCK_N * (DC + DR), WARPS)\n"
+    )
+    return [
+        (_CONVERTER, textwrap.indent(_PREFETCH_ROWS, "    ") + _CONVERTER),
+        (_CONVERTER_TILE_R, _CONVERTER_TILE_R + textwrap.indent(body, " " * 20)),
+    ]
+
+
 #: the launch's landing pieces (the plan's: Dc / 64 / plan.LAND_GROUP latent pieces and the rope's), and the same
 #: for `group` latent chunks a piece, in a text that every fp8 module shares
 _LAND_PIECES = "LAND_PIECES=(DECODE_GLUON_LAND_APART_PIECES if land_apart else DECODE_GLUON_LAND_PIECES)"
@@ -102,14 +135,14 @@ _CONVERT_LOOP = """\
                     stage = it % STAGES
                     tok_c = blk * BLOCK_N + offs_nc
                     ok_c = tok_c < seqlen
-                    page_c = gl.load(bt_row + tok_c // PAGE_SIZE, mask=ok_c, other=0)
                     rows_c = KV + page_c.to(gl.int64) * stride_kv_page + (tok_c % PAGE_SIZE) * stride_kv_tok
                     tok_r = blk * BLOCK_N + offs_nr
                     ok_r = tok_r < seqlen
-                    page_r = gl.load(bt_row + tok_r // PAGE_SIZE, mask=ok_r, other=0)
                     rows_r = KV + page_r.to(gl.int64) * stride_kv_page + (tok_r % PAGE_SIZE) * stride_kv_tok
                     tile_c = gl.load(rows_c[:, None] + offs_c[None, :], mask=ok_c[:, None], other=0.0)
                     tile_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)
+                    page_c = gl.load(bt_row + (tok_c + BLOCK_N) // PAGE_SIZE, mask=tok_c + BLOCK_N < seqlen, other=0)
+                    page_r = gl.load(bt_row + (tok_r + BLOCK_N) // PAGE_SIZE, mask=tok_r + BLOCK_N < seqlen, other=0)
                     mbarrier.wait(k_free.index(stage), ((it // STAGES) & 1) ^ 1)
                     k_smem_c.index(stage).store(tile_c.to(gl.float16))
                     k_smem_r.index(stage).store(tile_r.to(gl.float16))
@@ -171,7 +204,9 @@ VARIANTS = {
     ),
     "no_allocate": (
         "the converter's row loads as ld.global.nc.L1::no_allocate (inline PTX): rows never take L1 lines, "
-        "so the softmax warpgroup's spill slots may stay there (the no-load probe ran at the bf16 speed)",
+        "so the softmax warpgroup's spill slots may stay there (the no-load probe ran at the bf16 speed); on "
+        "2026-11-26 its outputs were wrong (H128 B128: every element off), so it no longer matches the converter's "
+        "layout and is kept as a record only",
         [
             (_CONVERTER, textwrap.indent(_LOAD_NO_ALLOCATE, "    ") + _CONVERTER),
             (
@@ -257,6 +292,16 @@ VARIANTS = {
         "probe, wrong output by design: the landing converter stores nothing (no loads, no conversion; the "
         "handshakes and the rope kept), to show what bounds the landing producer (H128 landing apart, H16)",
         [("k_c.slice(g * GROUP, GROUP, dim=0).store(boxes.to(gl.float16))", "pass")],
+    ),
+    "apart_tall": (
+        "two or more row blocks (H128) land apart too (32-position stages, a landing zone of their own) instead of "
+        "64-position blocks loaded row by row",
+        [
+            (
+                "return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given",
+                "return fp8_cache and land_rows < query_rows and page_size >= block_n and not config_given",
+            ),
+        ],
     ),
     "apart32": (
         "32 query rows (Mistral-Small-4 H32, H16 Sq2) land apart too (32-position stages, a landing zone of its "
@@ -388,6 +433,11 @@ VARIANTS = {
         "carried across loop iterations take a register each, so nothing is carried; use with convert)",
         [(_CONVERT_LOOP, _CONVERT_LOOP_PAIR)],
     ),
+    "conv_prefetch1": (
+        "the row-loading converter prefetches the rows of the next block into L2 (pages of whole blocks)",
+        _convert_prefetch_edits(1),
+    ),
+    "conv_prefetch2": ("as conv_prefetch1, two blocks ahead", _convert_prefetch_edits(2)),
     "conv8w": (
         "the row-loading converter in 8 warps instead of 4 (DECODE_GLUON_GATHER_WARPS; fp8 modules gather nothing)",
         [("DECODE_GLUON_GATHER_WARPS = 4", "DECODE_GLUON_GATHER_WARPS = 8")],
@@ -397,7 +447,7 @@ VARIANTS = {
             f"the row-loading converter at {regs} registers instead of 104",
             [("DECODE_GLUON_CONVERT_REGS = 104", f"DECODE_GLUON_CONVERT_REGS = {regs}")],
         )
-        for regs in (80, 128, 160, 184, 200)
+        for regs in (56, 64, 80, 128, 160, 184, 200)
     },
     "n32s3": (
         "32-position cache blocks in a ring of 3 stages",
