@@ -330,7 +330,7 @@ VARIANTS = {
         ],
     ),
     "hoisted": (
-        "the query tile's MMA descriptors hoisted out of the block loop (rows as M; the form before 2026-11-26 05:00 "
+        "the query tile's MMA descriptors hoisted out of the block loop (rows as M; the form before 2026-11-26 04:15 "
         "UTC, which spilled them) instead of views indexed by a value the compiler cannot fold",
         [("opaque_zero = it >> 30", "opaque_zero = 0")],
     ),
