@@ -236,17 +236,30 @@ LAND_APART_BLOCK_N = 32
 LAND_APART_GROUP = 4
 
 
+def _gluon_fitting_stages(
+    dc: int, dr: int, block_m: int, block_n: int, land_pieces: int, extra_bytes: int = 0
+) -> list[int]:
+    """Ring stages (2..GLUON_MAX_STAGES) of block_n positions whose shared memory, with extra_bytes more, fits."""
+    return [
+        s
+        for s in range(2, GLUON_MAX_STAGES + 1)
+        if _gluon_smem_bytes(dc, dr, s, block_m, block_n, land_pieces) + extra_bytes <= GLUON_MAX_SMEM
+    ]
+
+
+def _gluon_land_pieces(dc: int, group: int) -> tuple[int, int]:
+    """(latent chunks a landing piece, pieces a block): `group` 64-column chunks a piece (at least one: a latent
+    narrower than 64 columns is not eligible, but is still lowered), then one piece for the rope."""
+    chunks = max(1, min(group, dc // 64))
+    return chunks, dc // 64 // chunks + 1
+
+
 def _gluon_land_apart_stages(dc: int, dr: int, block_m: int, land_pieces: int) -> int:
     """Ring stages of LAND_APART_BLOCK_N positions that fit beside the query tile, P and a landing zone of one
     fp8 block (at most GLUON_MAX_STAGES; 2 where none fit: such a launch fails at its start, as any over-budget
     ring does)."""
     landing = LAND_APART_BLOCK_N * (dc + dr)
-    fitting = [
-        s
-        for s in range(2, GLUON_MAX_STAGES + 1)
-        if _gluon_smem_bytes(dc, dr, s, block_m, LAND_APART_BLOCK_N, land_pieces) + landing <= GLUON_MAX_SMEM
-    ]
-    return max(fitting, default=2)
+    return max(_gluon_fitting_stages(dc, dr, block_m, LAND_APART_BLOCK_N, land_pieces, landing), default=2)
 
 
 #: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide).
@@ -282,17 +295,11 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
     if dr not in (16, 32, 64, 128):
         reasons.append(f"Dr = {dr} is not a power of two in 16..128")
     # the landing producer's pieces: land_group 64-column latent chunks each, and one for the rope
-    # (at least one chunk a piece: a latent narrower than 64 columns is not eligible, but is still lowered)
-    land_group = max(1, min(LAND_GROUP, dc // 64))
-    land_pieces = dc // 64 // land_group + 1
-    land_apart_pieces = dc // 64 // max(1, min(LAND_APART_GROUP, dc // 64)) + 1
+    land_group, land_pieces = _gluon_land_pieces(dc, LAND_GROUP)
+    land_apart_pieces = _gluon_land_pieces(dc, LAND_APART_GROUP)[1]
     # (its mbarriers take shared memory only with an fp8 cache)
     smem_pieces = land_pieces if cache_dtype in SCALED_CACHE_DTYPES else 0
-    fitting = [
-        s
-        for s in range(2, GLUON_MAX_STAGES + 1)
-        if _gluon_smem_bytes(dc, dr, s, block_m, block_n, smem_pieces) <= GLUON_MAX_SMEM
-    ]
+    fitting = _gluon_fitting_stages(dc, dr, block_m, block_n, smem_pieces)
     if not fitting:
         need = _gluon_smem_bytes(dc, dr, 2, block_m, block_n, smem_pieces)
         reasons.append(f"query tile + 2 cache stages need {need} B of shared memory > {GLUON_MAX_SMEM}")
