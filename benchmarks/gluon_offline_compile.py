@@ -109,6 +109,8 @@ def compile_offline(
             narrow_form["LAND_PIECES"] = module.DECODE_GLUON_LAND_APART_PIECES
         elif "LAND_APART" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 2292396)
             narrow_form["LAND_APART"] = False
+        if "QUERY_SLICE" in module._mla_decode_gluon_kernel.arg_names:  # (modules after b7bcace)
+            narrow_form["QUERY_SLICE"] = module.DECODE_GLUON_LAND_APART_QUERY_SLICE if land_apart else 0
         p_layout = p_layout[block_n]
         if land_apart:
             descriptors = module._gluon_launch_descriptors(q, kv, producer, block_n, True)

@@ -197,6 +197,8 @@ class GluonDecodePlan:
     land_apart_block_n: int
     land_apart_stages: int
     land_apart_pieces: int
+    #: the landing converter converts a query filling the tile this many rows at a time (fewer registers)
+    land_apart_query_slice: int
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
@@ -234,6 +236,9 @@ LAND_APART_BLOCK_N = 32
 #: its latent chunks a landing piece. Measured on the H100 (2026-11-26, H64 B128 S8192 fp8, bf16 425.1 us):
 #: 2 chunks 411.1 us, 4 chunks 397.1, 8 chunks 467.8
 LAND_APART_GROUP = 4
+#: query rows the landing converter scales into float16 at a time where the query fills the tile: its warps' 80
+#: registers then hold a slice, not the whole 64-row query (which they spilled, offline SASS)
+LAND_APART_QUERY_SLICE = 16
 
 
 def _gluon_fitting_stages(
@@ -329,6 +334,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         land_apart_block_n=LAND_APART_BLOCK_N,
         land_apart_stages=_gluon_land_apart_stages(dc, dr, block_m, land_apart_pieces if smem_pieces else 0),
         land_apart_pieces=land_apart_pieces,
+        land_apart_query_slice=LAND_APART_QUERY_SLICE,
         narrow_rows=NARROW_ROWS,
         small_batch_block_n=SMALL_BATCH_BLOCK_N,
         small_batch_stages=SMALL_BATCH_STAGES,

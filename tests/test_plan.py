@@ -118,6 +118,7 @@ def test_fp8_cache_plan():
     # one fp8 block, the query tile and P, within the shared memory the plan allows
     g = decode.gluon
     assert (g.land_apart_block_n, g.land_apart_stages, g.land_apart_pieces) == (32, 3, 8 // 4 + 1)
+    assert 0 < g.land_apart_query_slice <= g.block_m and g.block_m % g.land_apart_query_slice == 0
     apart_bytes = 2 * (64 * 576 + 3 * 32 * 576 + 64 * 32) + 32 * 576 + 3 * 4 * 64 + 8 * (2 * 3 + 7 + 2 * 3)
     assert apart_bytes <= 232448 < apart_bytes + 32 * 576 * 2  # a fourth stage would not fit
 
