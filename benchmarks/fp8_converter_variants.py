@@ -31,6 +31,90 @@ from fp8_decode_sweep import report, timed  # noqa: E402
 
 from mlagen_compiler import import_module_from_path  # noqa: E402
 
+_TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "decode_gluon.py.jinja"
+
+
+def _template_functions(first: str, upto: str) -> str:
+    """The template's Gluon functions from `def first` up to `def upto`, as a generated module holds them (one
+    level in, under its import guard)."""
+    source = _TEMPLATE.read_text()
+    start = source.index(f"@gluon.jit\ndef {first}(")
+    return textwrap.indent(source[start : source.index(f"\n\n\n@gluon.jit\ndef {upto}(", start)] + "\n", "    ")
+
+
+#: the row-loading converter before 2026-11-26 06:00 UTC: a whole block's fp8 rows loaded into registers, then
+#: converted and stored (its loads and its conversion took turns), the record the variant whole_block restores (at
+#: any alignment, without prefetches: WORD_ROWS and PREFETCH, which the launch now passes, are not read)
+_WHOLE_BLOCK_CONVERTER = textwrap.indent(
+    '''\
+@gluon.jit
+def _gluon_producer_convert(q_desc_c, q_desc_r, KV, stride_kv_page, stride_kv_tok, q_smem_c, q_smem_r, q_c16, q_r16,
+                            k_smem_c, k_smem_r, q_landed, q_ready, q_free, qscale_smem, k_ready, k_free, BLOCK_TABLE,
+                            stride_bt_b, SEQLENS, row_block, run_lo, run_hi, b_first, b_last, seq_start,
+                            SQ: gl.constexpr, H: gl.constexpr, DC: gl.constexpr, DR: gl.constexpr,
+                            DC_HALF: gl.constexpr, PAGE_SIZE: gl.constexpr, BLOCK_M: gl.constexpr,
+                            BLOCK_N: gl.constexpr, STAGES: gl.constexpr, WARPS: gl.constexpr,
+                            QUERY_TO_F16: gl.constexpr, WORD_ROWS: gl.constexpr, PREFETCH: gl.constexpr):
+    """fp8 cache (any page size): a block's rows are loaded through the page table in 16-byte vectors (rows
+    past the sequence's end read as 0) before the wait on its stage, so the loads are in flight while the
+    warpgroups finish with it; then converted to float16 (exact: every e4m3 value is one; one instruction a
+    pair, cvt.rn.f16x2.e4m3x2) and stored into the float16 stage the warpgroup MMAs read. kv_scale is not
+    applied here."""
+    layout_c: gl.constexpr = _gluon_cvt_layout(WARPS, 64)
+    layout_r: gl.constexpr = _gluon_cvt_layout(WARPS, DR)
+    offs_nc = gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout_c))
+    offs_nr = gl.arange(0, BLOCK_N, gl.SliceLayout(1, layout_r))
+    offs_c = gl.arange(0, DC, gl.SliceLayout(0, layout_c))
+    offs_r = gl.arange(0, DR, gl.SliceLayout(0, layout_r))
+    it = 0
+    piece = 0
+    for b in range(b_first, b_last):
+        seqlen, seq_blocks, lo, hi = _gluon_piece(SEQLENS, b, seq_start, run_lo, run_hi, BLOCK_N)
+        if lo < hi:
+            if QUERY_TO_F16:
+                _gluon_load_query(q_desc_c, q_desc_r, q_smem_c, q_smem_r, q_landed, q_free,
+                                  b * (SQ * H) + row_block * BLOCK_M, piece, DC, DR)
+                _gluon_query_to_f16(q_smem_c, q_smem_r, q_c16, q_r16, q_landed, q_ready, qscale_smem, row_block,
+                                    SQ * H, piece, BLOCK_M, DC, DR, BLOCK_M, WARPS)
+            else:
+                _gluon_load_query(q_desc_c, q_desc_r, q_smem_c, q_smem_r, q_ready, q_free,
+                                  b * (SQ * H) + row_block * BLOCK_M, piece, DC, DR)
+            bt_row = BLOCK_TABLE + b.to(gl.int64) * stride_bt_b
+            # each block's page-table entries are loaded a block ahead, so its rows' loads wait for no other load
+            tok_c = lo * BLOCK_N + offs_nc
+            page_c = gl.load(bt_row + tok_c // PAGE_SIZE, mask=tok_c < seqlen, other=0)
+            tok_r = lo * BLOCK_N + offs_nr
+            page_r = gl.load(bt_row + tok_r // PAGE_SIZE, mask=tok_r < seqlen, other=0)
+            for blk in range(lo, hi):
+                stage = it % STAGES
+                tok_c = blk * BLOCK_N + offs_nc
+                ok_c = tok_c < seqlen
+                rows_c = KV + page_c.to(gl.int64) * stride_kv_page + (tok_c % PAGE_SIZE) * stride_kv_tok
+                tok_r = blk * BLOCK_N + offs_nr
+                ok_r = tok_r < seqlen
+                rows_r = KV + page_r.to(gl.int64) * stride_kv_page + (tok_r % PAGE_SIZE) * stride_kv_tok
+                tile_c = gl.load(rows_c[:, None] + offs_c[None, :], mask=ok_c[:, None], other=0.0)
+                tile_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)
+                page_c = gl.load(bt_row + (tok_c + BLOCK_N) // PAGE_SIZE, mask=tok_c + BLOCK_N < seqlen, other=0)
+                page_r = gl.load(bt_row + (tok_r + BLOCK_N) // PAGE_SIZE, mask=tok_r + BLOCK_N < seqlen, other=0)
+                mbarrier.wait(k_free.index(stage), ((it // STAGES) & 1) ^ 1)
+                k_smem_c.index(stage).store(tile_c.to(gl.float16))
+                k_smem_r.index(stage).store(tile_r.to(gl.float16))
+                # generic-proxy stores read next by the tensor cores (async proxy)
+                fence_async_shared()
+                mbarrier.arrive(k_ready.index(stage))
+                it += 1
+            piece += 1
+        seq_start += seq_blocks
+''',
+    "    ",
+)
+#: the shipped converter (with its word helpers) replaced by _WHOLE_BLOCK_CONVERTER; the variants that edit the
+#: whole-block converter's lines apply this first
+_WHOLE_BLOCK = [(_template_functions("_gluon_f16_words", "_gluon_land_piece"), _WHOLE_BLOCK_CONVERTER)]
+
+#: the word converter's row load (its address argument)
+_WORD_LOAD = "(col0 // 4 + offs_w)[None, :],"
 _TILE_C = "tile_c = gl.load(rows_c[:, None] + offs_c[None, :], mask=ok_c[:, None], other=0.0)"
 _TILE_R = "tile_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)"
 
@@ -97,7 +181,7 @@ def _convert_prefetch_edits(ahead: int) -> list[tuple[str, str]]:
         "    _gluon_prefetch_rows(KV + pf_page.to(gl.int64) * stride_kv_page + (pf_tok % PAGE_SIZE) * stride_kv_tok,\n"
         "                         BLOCK_N * (DC + DR), WARPS)\n"
     )
-    return [
+    return _WHOLE_BLOCK + [
         (_CONVERTER, textwrap.indent(_PREFETCH_ROWS, "    ") + _CONVERTER),
         (_CONVERTER_TILE_R, _CONVERTER_TILE_R + textwrap.indent(body, " " * 20)),
     ]
@@ -194,10 +278,40 @@ _CONVERT_LOOP_PAIR = """\
 
 #: name -> (why, [(text, replacement)]): edits of the generated fp8 module
 VARIANTS = {
+    "no_prefetch": (
+        "the word converter without its bulk L2 prefetch of the next block (the form before 2026-11-26 06:30 UTC; "
+        "measured as the variant conv_bulk1 then: 600.6 against 621.7 us at H128)",
+        [('PREFETCH_BLOCKS=producer == "convert" and', "PREFETCH_BLOCKS=False and")],
+    ),
+    "prefetch_next2": (
+        "the word converter's bulk L2 prefetch two blocks ahead instead of one (as the variant conv_bulk2 then: "
+        "606.9 us)",
+        [
+            ("tok0 = (blk + 1) * BLOCK_N", "tok0 = (blk + 2) * BLOCK_N"),
+            ("mask=blk + 1 < hi, other=0)", "mask=blk + 2 < hi, other=0)"),
+            ("BLOCK_N * (DC + DR), blk + 1 < hi, WARPS)", "BLOCK_N * (DC + DR), blk + 2 < hi, WARPS)"),
+        ],
+    ),
+    "words_cg": (
+        "the word converter's row loads cached in L2 only (ld.global.cg): the streamed rows then leave L1 to the "
+        "converter's own spilled loop counters, which ncu found reloaded from L2 (2026-11-26, H128)",
+        [(_WORD_LOAD, _WORD_LOAD + ' cache_modifier=".cg",')],
+    ),
+    "words_ef": (
+        "the word converter's row loads marked L1 evict-first",
+        [(_WORD_LOAD, _WORD_LOAD + ' eviction_policy="evict_first",')],
+    ),
+    "whole_block": (
+        "the row-loading converter as before 2026-11-26 06:00 UTC: a whole block's rows loaded into registers, then "
+        "converted and stored (loads and conversion take turns), instead of each 64-column chunk's next-block words "
+        "loaded as soon as the chunk is stored",
+        _WHOLE_BLOCK,
+    ),
     "evict_first": (
         "the converter's row loads marked L1 evict-first (LDG.E.EF.128): the streamed cache rows leave L1 to the "
         "softmax warpgroup's spills (ncu: 4% L1 hits with fp8, 41% with bf16)",
-        [
+        _WHOLE_BLOCK
+        + [
             (_TILE_C, _TILE_C[:-1] + ', eviction_policy="evict_first")'),
             (_TILE_R, _TILE_R[:-1] + ', eviction_policy="evict_first")'),
         ],
@@ -207,7 +321,8 @@ VARIANTS = {
         "so the softmax warpgroup's spill slots may stay there (the no-load probe ran at the bf16 speed); on "
         "2026-11-26 its outputs were wrong (H128 B128: every element off), so it no longer matches the converter's "
         "layout and is kept as a record only",
-        [
+        _WHOLE_BLOCK
+        + [
             (_CONVERTER, textwrap.indent(_LOAD_NO_ALLOCATE, "    ") + _CONVERTER),
             (
                 _TILE_C,
@@ -431,7 +546,7 @@ VARIANTS = {
         "the row-loading converter two blocks at a time: both blocks' rows loaded (into registers) before the "
         "first one's stage is waited for, so two blocks are in flight a program instead of one (fp8 values "
         "carried across loop iterations take a register each, so nothing is carried; use with convert)",
-        [(_CONVERT_LOOP, _CONVERT_LOOP_PAIR)],
+        _WHOLE_BLOCK + [(_CONVERT_LOOP, _CONVERT_LOOP_PAIR)],
     ),
     "conv_prefetch1": (
         "the row-loading converter prefetches the rows of the next block into L2 (pages of whole blocks)",

@@ -109,6 +109,8 @@ def compile_offline(
             narrow_form["LAND_PIECES"] = module.DECODE_GLUON_LAND_APART_PIECES
         elif "LAND_APART" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 2292396)
             narrow_form["LAND_APART"] = False
+        if "PREFETCH_BLOCKS" in module._mla_decode_gluon_kernel.arg_names:  # (modules after e939bf8)
+            narrow_form["PREFETCH_BLOCKS"] = producer == "convert" and not gather
         if "QUERY_SLICE" in module._mla_decode_gluon_kernel.arg_names:  # (modules after b7bcace)
             narrow_form["QUERY_SLICE"] = module.DECODE_GLUON_LAND_APART_QUERY_SLICE if land_apart else 0
         p_layout = p_layout[block_n]
@@ -170,6 +172,7 @@ def compile_offline(
             "tma": module.DECODE_GLUON_PRODUCER_REGS,
             "gather": module.DECODE_GLUON_GATHER_REGS,
             "convert": module.DECODE_GLUON_CONVERT_REGS,
+            "convert_bytes": module.DECODE_GLUON_CONVERT_REGS,
             "land": module.DECODE_GLUON_LAND_REGS,
         }[producer],
         GATHER_COLS=module.DECODE_GLUON_GATHER_COLS,
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gather", action="store_true", help="the gathering producer (pages < 64)")
     parser.add_argument(
         "--producer",
-        choices=["tma", "gather", "convert", "land"],
+        choices=["tma", "gather", "convert", "convert_bytes", "land"],
         help="the producer kind (default: the launch's for a page of the module's size)",
     )
     parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")

@@ -288,6 +288,36 @@ def test_gluon_fp8_landing_apart_and_row_loading_both_match_the_reference(build_
     check_decode(module, device, {**problem, "config": tuned.config}, "gluon")
 
 
+@pytest.mark.parametrize("seqlen_q", [1, 2])
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_gluon_fp8_two_row_blocks_match_the_reference(build_module, device, page_size, seqlen_q):
+    """An fp8 cache with two row blocks of query rows (DeepSeek H128: the query fills the tile) is read row by row
+    as 4-byte words a block ahead of its conversion (the converting producer): against the reference with page
+    edges, an empty sequence, splits, NaN in every unused slot, Sq 1 and 2. GPU only."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
+    require_backend(build_module, device, "gluon")
+    problem = dict(
+        heads=128,
+        dc=512,
+        dr=64,
+        page_size=page_size,
+        dtype="bfloat16",
+        cache_dtype="float8_e4m3fn",
+        seqlen_q=seqlen_q,
+        seqlens=[1, 63, 65, 0, 3 * page_size + 5, 700, 64, 1029],
+        num_parts=None if seqlen_q == 1 else 13,
+        min_blocks=None if seqlen_q == 1 else 1,
+        tma=True,
+        nan_unused=True,
+        seed=7100 + page_size + seqlen_q,
+    )
+    module = module_for(build_module, problem)
+    kv = torch.empty(2, page_size, 1, 576, dtype=torch.float8_e4m3fn, device=device)
+    assert module._gluon_producer_kind(kv, 128 * seqlen_q, 0)[0] == "convert"
+    check_decode(module, device, problem, "gluon")
+
+
 def rows_off_word_boundaries(cache: torch.Tensor) -> torch.Tensor:
     """The cache copied into a view whose rows are one element longer than they are wide and whose first
     element is one element past its storage's start (the gaps hold NaN): neither rows nor pages start on a

@@ -170,7 +170,8 @@ def test_a_wrong_merge_names_where_it_came_from(module, monkeypatch):
 def test_gluon_producer_kind(tmp_path, name):
     """Which producer fills the Gluon stages: an fp8 cache lands by TMA in the query tile's lower half where
     Sq * H takes at most its upper half and every block lies in one page of a TMA-addressable cache, else it
-    is converted row by row; a 16-bit cache goes by TMA boxes or is gathered. Only shapes, strides and the
+    is converted row by row (byte by byte where rows are off 4-byte words); a 16-bit cache goes by TMA boxes or
+    is gathered. Only shapes, strides and the
     address are read (CPU tensors do)."""
     import torch
 
@@ -191,6 +192,9 @@ def test_gluon_producer_kind(tmp_path, name):
     assert producer_kind(cache, half)[0] == ("land" if scaled else "tma")
     assert producer_kind(cache, half + 1)[0] == ("convert" if scaled else "tma")
     assert producer_kind(rows_off, 16)[0] == ("convert" if scaled else "gather")
+    # rows off 4-byte words: an fp8 cache is read byte by byte
+    rows_off_words = torch.empty(4, page, 1, width + 1, dtype=module.CACHE_DTYPE)[..., :width]
+    assert producer_kind(rows_off_words, 16)[0] == ("convert_bytes" if scaled else "gather")
     with patch.object(module, "PAGE_SIZE", module.DECODE_GLUON_BLOCK_N // 2):  # pages smaller than a block
         small = torch.empty(8, page // 2, 1, width, dtype=module.CACHE_DTYPE)
         assert producer_kind(small, 16)[0] == ("convert" if scaled else "gather")
