@@ -4,7 +4,8 @@
 #   bash benchmarks/device_session10_final.sh a   GPU tests of the landing producer and the fp8 decode; the main
 #                                                 bench_decode cases, bf16 and fp8; H64 with and without the
 #                                                 issuer's prefetch (fp8_converter_variants.py)
-#   bash benchmarks/device_session10_final.sh b   the Gluon property test (ci profile); the latency cases
+#   bash benchmarks/device_session10_final.sh b   the Gluon property test (ci profile); the latency cases, and
+#                                                 H16 B64 S32768 again (its bare host time in a was 185 us)
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -23,7 +24,7 @@ b)
   MLAGEN_HYPOTHESIS_PROFILE=ci timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py \
     -k "matches_reference and gluon" 2>&1 | tail -25 | tee "$OUT/pytest_property.log"
   timeout 250 python3 benchmarks/bench_decode.py --out "$OUT/latency" --caches bf16,fp8 \
-    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4,H128 B1 S8192 graph,H128 B8 S8192 graph" 2>&1 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4,H128 B1 S8192 graph,H128 B8 S8192 graph,H16 B64 S32768" 2>&1 \
     | tee "$OUT/bench_latency.log" | grep -v "^#"
   ;;
 esac
