@@ -186,6 +186,12 @@ def _convert_prefetch_edits(ahead: int) -> list[tuple[str, str]]:
     ]
 
 
+#: the landing issuer's and the 16-bit TMA producer's bulk L2 prefetch of the next block (with the comment above
+#: each, which tells them apart)
+_ONE_WARP_PREFETCH = " " * 20 + "_gluon_prefetch_block(KV, bt_row, blk + 1, hi, DC, DR, PAGE_SIZE, BLOCK_N, 1)"
+_ISSUER_PREFETCH = "H100 2026-11-26)\n" + _ONE_WARP_PREFETCH
+_TMA_PREFETCH = "once its stage is free\n" + _ONE_WARP_PREFETCH
+
 #: the launch's landing pieces (the plan's: Dc / 64 / plan.LAND_GROUP latent pieces and the rope's), and the same
 #: for `group` latent chunks a piece, in a text that every fp8 module shares
 _LAND_PIECES = "LAND_PIECES=(DECODE_GLUON_LAND_APART_PIECES if land_apart else DECODE_GLUON_LAND_PIECES)"
@@ -277,6 +283,11 @@ _CONVERT_LOOP_PAIR = """\
 
 #: name -> (why, [(text, replacement)]): edits of the generated fp8 module
 VARIANTS = {
+    "tma_no_prefetch": (
+        "the 16-bit TMA producer without its bulk L2 prefetch of the next block (the form before 2026-11-26 07:00 "
+        "UTC; use with --bf16-variants)",
+        [(_TMA_PREFETCH, _TMA_PREFETCH.replace("blk + 1, hi,", "blk + 1, 0,"))],
+    ),
     "no_prefetch": (
         "the word converter without its bulk L2 prefetch of the next block (the form before 2026-11-26 06:30 UTC; "
         "measured as the variant conv_bulk1 then: 600.6 against 621.7 us at H128)",
@@ -286,9 +297,10 @@ VARIANTS = {
         "the word converter's bulk L2 prefetch two blocks ahead instead of one (as the variant conv_bulk2 then: "
         "606.9 us)",
         [
-            ("tok0 = (blk + 1) * BLOCK_N", "tok0 = (blk + 2) * BLOCK_N"),
-            ("tok0 // PAGE_SIZE, mask=blk + 1 < hi, other=0)", "tok0 // PAGE_SIZE, mask=blk + 2 < hi, other=0)"),
-            ("BLOCK_N * (DC + DR), blk + 1 < hi, WARPS)", "BLOCK_N * (DC + DR), blk + 2 < hi, WARPS)"),
+            (
+                "_gluon_prefetch_block(KV, bt_row, blk + 1, hi, DC, DR, PAGE_SIZE, BLOCK_N, WARPS)",
+                "_gluon_prefetch_block(KV, bt_row, blk + 2, hi, DC, DR, PAGE_SIZE, BLOCK_N, WARPS)",
+            )
         ],
     ),
     "words_cg": (
@@ -484,16 +496,12 @@ VARIANTS = {
         "the landing issuer without its bulk L2 prefetch of the next block (the form before 2026-11-26 06:40 UTC; "
         "measured as the variant issuer_bulk1 then: H16 B128 235.4 against 242.4 us, B64 S32768 449.3 against 473.7, "
         "Mistral-Small-4 184.1 against 183.0)",
-        [("BLOCK_N * (DC + DR), blk + 1 < hi, 1)", "BLOCK_N * (DC + DR), False, 1)")],
+        [(_ISSUER_PREFETCH, _ISSUER_PREFETCH.replace("blk + 1, hi,", "blk + 1, 0,"))],
     ),
     "issuer_prefetch_next2": (
         "the landing issuer's bulk L2 prefetch two blocks ahead instead of one (as the variant issuer_bulk2 then: "
         "247.2 / 479.1 / 187.6 us)",
-        [
-            ("tok_next = (blk + 1) * BLOCK_N", "tok_next = (blk + 2) * BLOCK_N"),
-            ("mask=blk + 1 < hi, other=0) * PAGE_SIZE", "mask=blk + 2 < hi, other=0) * PAGE_SIZE"),
-            ("BLOCK_N * (DC + DR), blk + 1 < hi, 1)", "BLOCK_N * (DC + DR), blk + 2 < hi, 1)"),
-        ],
+        [(_ISSUER_PREFETCH, _ISSUER_PREFETCH.replace("blk + 1, hi,", "blk + 2, hi,"))],
     ),
     "prefetch2": ("as prefetch1, two blocks ahead", _prefetch_edits(2)),
     "prefetch4": ("as prefetch1, four blocks ahead", _prefetch_edits(4)),
