@@ -186,11 +186,8 @@ def _convert_prefetch_edits(ahead: int) -> list[tuple[str, str]]:
     ]
 
 
-#: the landing issuer's and the 16-bit TMA producer's bulk L2 prefetch of the next block (with the comment above
-#: each, which tells them apart)
-_ONE_WARP_PREFETCH = " " * 20 + "_gluon_prefetch_block(KV, bt_row, blk + 1, hi, DC, DR, PAGE_SIZE, BLOCK_N, 1)"
-_ISSUER_PREFETCH = "H100 2026-11-26)\n" + _ONE_WARP_PREFETCH
-_TMA_PREFETCH = "once its stage is free\n" + _ONE_WARP_PREFETCH
+#: the landing issuer's bulk L2 prefetch of the next block
+_ISSUER_PREFETCH = "_gluon_prefetch_block(KV, bt_row, blk + 1, hi, DC, DR, PAGE_SIZE, BLOCK_N, 1)"
 
 #: the launch's landing pieces (the plan's: Dc / 64 / plan.LAND_GROUP latent pieces and the rope's), and the same
 #: for `group` latent chunks a piece, in a text that every fp8 module shares
@@ -283,11 +280,6 @@ _CONVERT_LOOP_PAIR = """\
 
 #: name -> (why, [(text, replacement)]): edits of the generated fp8 module
 VARIANTS = {
-    "tma_no_prefetch": (
-        "the 16-bit TMA producer without its bulk L2 prefetch of the next block (the form before 2026-11-26 07:00 "
-        "UTC; use with --bf16-variants)",
-        [(_TMA_PREFETCH, _TMA_PREFETCH.replace("blk + 1, hi,", "blk + 1, 0,"))],
-    ),
     "no_prefetch": (
         "the word converter without its bulk L2 prefetch of the next block (the form before 2026-11-26 06:30 UTC; "
         "measured as the variant conv_bulk1 then: 600.6 against 621.7 us at H128)",
