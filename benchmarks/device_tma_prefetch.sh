@@ -3,8 +3,9 @@
 # against it without (tma_no_prefetch) in one process at H16 B128 and H128 B128 (fp8_converter_variants.py
 # --bf16-variants; fp8 as shipped beside), then the bf16 Gluon latency cases of the code before (6dc81c8, in base_tree/)
 # and of the working tree in turn (bench_decode.py, graph replay), every row checked.
-# The prefetch was slower everywhere and was reverted (benchmarks/results/tma_prefetch_2026-11-26.patch; the variant
-# tma_no_prefetch went with it): apply the patch and restore base_tree/ to run this again.
+# The prefetch was slower everywhere and was reverted (benchmarks/results/tma_prefetch_2026-11-26.patch, the template
+# of 88da619; the variant tma_no_prefetch is in that commit's fp8_converter_variants.py): check out 88da619 and
+# restore base_tree/ to run this again.
 #   bash benchmarks/device_tma_prefetch.sh   (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1

@@ -186,9 +186,6 @@ def _convert_prefetch_edits(ahead: int) -> list[tuple[str, str]]:
     ]
 
 
-#: the landing issuer's bulk L2 prefetch of the next block
-_ISSUER_PREFETCH = "_gluon_prefetch_block(KV, bt_row, blk + 1, hi, DC, DR, PAGE_SIZE, BLOCK_N, 1)"
-
 #: the launch's landing pieces (the plan's: Dc / 64 / plan.LAND_GROUP latent pieces and the rope's), and the same
 #: for `group` latent chunks a piece, in a text that every fp8 module shares
 _LAND_PIECES = "LAND_PIECES=(DECODE_GLUON_LAND_APART_PIECES if land_apart else DECODE_GLUON_LAND_PIECES)"
@@ -289,10 +286,9 @@ VARIANTS = {
         "the word converter's bulk L2 prefetch two blocks ahead instead of one (as the variant conv_bulk2 then: "
         "606.9 us)",
         [
-            (
-                "_gluon_prefetch_block(KV, bt_row, blk + 1, hi, DC, DR, PAGE_SIZE, BLOCK_N, WARPS)",
-                "_gluon_prefetch_block(KV, bt_row, blk + 2, hi, DC, DR, PAGE_SIZE, BLOCK_N, WARPS)",
-            )
+            ("tok0 = (blk + 1) * BLOCK_N", "tok0 = (blk + 2) * BLOCK_N"),
+            ("tok0 // PAGE_SIZE, mask=blk + 1 < hi, other=0)", "tok0 // PAGE_SIZE, mask=blk + 2 < hi, other=0)"),
+            ("BLOCK_N * (DC + DR), blk + 1 < hi, WARPS)", "BLOCK_N * (DC + DR), blk + 2 < hi, WARPS)"),
         ],
     ),
     "words_cg": (
@@ -488,12 +484,16 @@ VARIANTS = {
         "the landing issuer without its bulk L2 prefetch of the next block (the form before 2026-11-26 06:40 UTC; "
         "measured as the variant issuer_bulk1 then: H16 B128 235.4 against 242.4 us, B64 S32768 449.3 against 473.7, "
         "Mistral-Small-4 184.1 against 183.0)",
-        [(_ISSUER_PREFETCH, _ISSUER_PREFETCH.replace("blk + 1, hi,", "blk + 1, 0,"))],
+        [("BLOCK_N * (DC + DR), blk + 1 < hi, 1)", "BLOCK_N * (DC + DR), False, 1)")],
     ),
     "issuer_prefetch_next2": (
         "the landing issuer's bulk L2 prefetch two blocks ahead instead of one (as the variant issuer_bulk2 then: "
         "247.2 / 479.1 / 187.6 us)",
-        [(_ISSUER_PREFETCH, _ISSUER_PREFETCH.replace("blk + 1, hi,", "blk + 2, hi,"))],
+        [
+            ("tok_next = (blk + 1) * BLOCK_N", "tok_next = (blk + 2) * BLOCK_N"),
+            ("mask=blk + 1 < hi, other=0) * PAGE_SIZE", "mask=blk + 2 < hi, other=0) * PAGE_SIZE"),
+            ("BLOCK_N * (DC + DR), blk + 1 < hi, 1)", "BLOCK_N * (DC + DR), blk + 2 < hi, 1)"),
+        ],
     ),
     "prefetch2": ("as prefetch1, two blocks ahead", _prefetch_edits(2)),
     "prefetch4": ("as prefetch1, four blocks ahead", _prefetch_edits(4)),
