@@ -210,30 +210,15 @@ def _prefetch_edits(ahead: int) -> list[tuple[str, str]]:
     ]
 
 
-#: the row-loading converter's block loop (generated module: four levels in) and its version that loads two
+#: the whole-block converter's block loop (a slice of _WHOLE_BLOCK_CONVERTER) and its version that loads two
 #: blocks' rows before storing the first (variant convert_pair; carrying the next block's fp8 rows across
 #: iterations instead spilled: Triton keeps a carried 8-bit element in a register of its own)
-_CONVERT_LOOP = """\
-                for blk in range(lo, hi):
-                    stage = it % STAGES
-                    tok_c = blk * BLOCK_N + offs_nc
-                    ok_c = tok_c < seqlen
-                    rows_c = KV + page_c.to(gl.int64) * stride_kv_page + (tok_c % PAGE_SIZE) * stride_kv_tok
-                    tok_r = blk * BLOCK_N + offs_nr
-                    ok_r = tok_r < seqlen
-                    rows_r = KV + page_r.to(gl.int64) * stride_kv_page + (tok_r % PAGE_SIZE) * stride_kv_tok
-                    tile_c = gl.load(rows_c[:, None] + offs_c[None, :], mask=ok_c[:, None], other=0.0)
-                    tile_r = gl.load(rows_r[:, None] + (DC + offs_r)[None, :], mask=ok_r[:, None], other=0.0)
-                    page_c = gl.load(bt_row + (tok_c + BLOCK_N) // PAGE_SIZE, mask=tok_c + BLOCK_N < seqlen, other=0)
-                    page_r = gl.load(bt_row + (tok_r + BLOCK_N) // PAGE_SIZE, mask=tok_r + BLOCK_N < seqlen, other=0)
-                    mbarrier.wait(k_free.index(stage), ((it // STAGES) & 1) ^ 1)
-                    k_smem_c.index(stage).store(tile_c.to(gl.float16))
-                    k_smem_r.index(stage).store(tile_r.to(gl.float16))
-                    # generic-proxy stores read next by the tensor cores (async proxy)
-                    fence_async_shared()
-                    mbarrier.arrive(k_ready.index(stage))
-                    it += 1
-"""
+_CONVERT_LOOP = _WHOLE_BLOCK_CONVERTER[
+    _WHOLE_BLOCK_CONVERTER.index(" " * 16 + "for blk in range(lo, hi):\n") : _WHOLE_BLOCK_CONVERTER.index(
+        " " * 20 + "it += 1\n"
+    )
+    + len(" " * 20 + "it += 1\n")
+]
 _CONVERT_LOOP_PAIR = """\
                 for blk_a in range(lo, hi, 2):
                     blk_b = blk_a + 1
