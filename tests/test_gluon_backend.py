@@ -171,8 +171,7 @@ def test_gluon_producer_kind(tmp_path, name):
     """Which producer fills the Gluon stages: an fp8 cache lands by TMA in the query tile's lower half where
     Sq * H takes at most its upper half and every block lies in one page of a TMA-addressable cache, else it
     is converted row by row (byte by byte where rows are off 4-byte words); a 16-bit cache goes by TMA boxes or
-    is gathered. Only shapes, strides and the
-    address are read (CPU tensors do)."""
+    is gathered. Only shapes, strides and the address are read (CPU tensors do)."""
     import torch
 
     spec = resolve_spec(name)
