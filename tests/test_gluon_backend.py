@@ -194,6 +194,13 @@ def test_gluon_producer_kind(tmp_path, name):
     # rows off 4-byte words: an fp8 cache is read byte by byte
     rows_off_words = torch.empty(4, page, 1, width + 1, dtype=module.CACHE_DTYPE)[..., :width]
     assert producer_kind(rows_off_words, 16)[0] == ("convert_bytes" if scaled else "gather")
+    # a cache starting on a 4-byte word but not on 16 bytes reads bytes too: a prepared launch is reused across
+    # caches whose layout and 16-byte alignment match, and one starting off a word has the same
+    shift = 4 // torch.empty(0, dtype=module.CACHE_DTYPE).element_size()  # elements in 4 bytes
+    strided = torch.empty(4 * page * (width + 8) + shift, dtype=module.CACHE_DTYPE)[shift:]
+    word_start = strided.view(4, page, 1, width + 8)[..., :width]
+    assert word_start.data_ptr() % 16 == 4
+    assert producer_kind(word_start, 16)[0] == ("convert_bytes" if scaled else "gather")
     with patch.object(module, "PAGE_SIZE", module.DECODE_GLUON_BLOCK_N // 2):  # pages smaller than a block
         small = torch.empty(8, page // 2, 1, width, dtype=module.CACHE_DTYPE)
         assert producer_kind(small, 16)[0] == ("convert" if scaled else "gather")
