@@ -135,8 +135,9 @@ def _gluon_load_no_allocate(ptrs, mask):
 """
 
 #: the landing issuer (generated module: one level in) and the line of its block loop after which it may prefetch
+_LAND_WARPS = '"land", DECODE_GLUON_NARROW_LAND_WARPS if narrow else DECODE_GLUON_LAND_WARPS'
 _ISSUER = "    @gluon.jit\n    def _gluon_land_issuer(KV, q_desc_c, "
-_ISSUER_BLOCK = " " * 20 + "free_phase = (it & 1) ^ 1\n"
+_ISSUER_BLOCK = " " * 20 + "free_phase = ((it // SLOTS) & 1) ^ 1\n"
 #: one block's fp8 rows (contiguous: pages of whole blocks, rows Dc + Dr bytes apart) asked into L2 by bulk
 #: prefetches, a 32nd of the block a lane of the issuer's warp (cp.async.bulk.prefetch.L2: no shared memory, no
 #: barrier; the TMA box that later reads the block then hits L2)
@@ -482,11 +483,14 @@ VARIANTS = {
     ),
     "prefetch2": ("as prefetch1, two blocks ahead", _prefetch_edits(2)),
     "prefetch4": ("as prefetch1, four blocks ahead", _prefetch_edits(4)),
-    "land4w": (
-        "4 converting warps for the landing producer of rows as M too (Sq * H in 17..32; ptxas refuses 13 warps "
-        "beside the 64-row accumulator at Dc 512, C7602, and takes them at Dc 256: Mistral-Small-4)",
-        [("DECODE_GLUON_LAND_WARPS = 2", "DECODE_GLUON_LAND_WARPS = 4")],
-    ),
+    **{
+        f"land{warps}w": (
+            f"{warps} converting warps for the landing producer of rows as M (Sq * H in 17..64; ptxas refuses 13 "
+            "warps beside the 64-row accumulator at Dc 512, C7602, and takes them at Dc 256: Mistral-Small-4)",
+            [(_LAND_WARPS, _LAND_WARPS.replace("else DECODE_GLUON_LAND_WARPS", f"else {warps}"))],
+        )
+        for warps in (2, 4)
+    },
     "narrow_land2": (
         "2 converting warps for the landing producer of the narrow form (shipped: 4; 2 before 2026-11-25 16:30 UTC)",
         [("DECODE_GLUON_NARROW_LAND_WARPS = 4", "DECODE_GLUON_NARROW_LAND_WARPS = 2")],
@@ -563,6 +567,25 @@ VARIANTS = {
         )
         for regs in (56, 64, 80, 128, 160, 184, 200)
     },
+    **{
+        f"ring{slots}": (
+            f"the landing producer (query in the tile's upper half) with {slots} fp8 block(s) landing at a time"
+            + (
+                " in the query tile's lower half, beside the tuned stages (the form before 2026-11-26 08:00 UTC)"
+                if slots == 1
+                else " in a ring of its own"
+            ),
+            [
+                ("ring_slots=DECODE_GLUON_LAND_RING_SLOTS,", f"ring_slots={slots},"),
+                ("land_slots = DECODE_GLUON_LAND_RING_SLOTS", f"land_slots = {slots}"),
+            ],
+        )
+        for slots in (1, 2, 3, 4)
+    },
+    "ring_s3": (
+        "the landing ring beside 3 16-bit stages instead of the plan's",
+        [("config[1], DECODE_GLUON_LAND_RING_STAGES)", "config[1], 3)")],
+    ),
     "n32s3": (
         "32-position cache blocks in a ring of 3 stages",
         [("DECODE_GLUON_BLOCK_N = 64", "DECODE_GLUON_BLOCK_N = 32"), ("STAGES=schedule.config[2],", "STAGES=3,")],
@@ -619,6 +642,12 @@ def main() -> int:
         help=f"comma-separated; '+' combines ({', '.join(VARIANTS)})",
     )
     parser.add_argument("--bf16-variants", default="", help="variants of the bf16 module, as --variants")
+    parser.add_argument(
+        "--l2-resident",
+        action="store_true",
+        help="probe: every sequence reads the first sequence's pages (its cache stays in L2), so a case's time is "
+        "what the kernel costs beside reading memory",
+    )
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = parser.parse_args()
     variants = [v.split("+") for v in args.variants.split(",") if v]
@@ -643,8 +672,12 @@ def main() -> int:
         if only and not any(s in case for s in only):
             continue
         max_len = max(seqlens)
+        if args.l2_resident:
+            case += " L2-resident"
         bf16 = module_for(spec, heads, tmp, "bf16")
         q, kv, table, lens, _ = make_inputs(bf16, seqlens, 1, gen)
+        if args.l2_resident:
+            table = table[:1].expand_as(table).contiguous()
         bf16_us, config, msg = timed(bf16, q, kv, table, lens, None, max_len)
         rows.append((case, "bf16", config, bf16_us, bf16_us, msg, bytes_and_flops(bf16, seqlens, 1)[0]))
         print(rows[-1], flush=True)
@@ -655,6 +688,8 @@ def main() -> int:
         del kv
         fp8 = module_for(spec, heads, tmp, "fp8")
         q, kv, table, lens, kv_scale = make_inputs(fp8, seqlens, 1, gen)
+        if args.l2_resident:
+            table = table[:1].expand_as(table).contiguous()
         nbytes = bytes_and_flops(fp8, seqlens, 1)[0]
         for names in [[]] + variants:
             label = "fp8 " + ("+".join(names) or "shipped")

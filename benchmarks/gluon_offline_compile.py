@@ -54,6 +54,7 @@ def compile_offline(
     narrow: bool = True,
     sequence_runs: bool = False,
     short_blocks: bool = False,
+    land_slots: int | None = None,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers. An fp8
     module's landing producer with more query rows than half the tile lands apart, in short blocks."""
@@ -111,6 +112,13 @@ def compile_offline(
             narrow_form["LAND_APART"] = False
         if "PREFETCH_BLOCKS" in module._mla_decode_gluon_kernel.arg_names:  # (modules after e939bf8)
             narrow_form["PREFETCH_BLOCKS"] = producer == "convert" and not gather
+        if "LAND_SLOTS" in module._mla_decode_gluon_kernel.arg_names:  # (modules with a landing ring)
+            # (what gluon_land_ring plans where the query takes the tile's upper half)
+            if land_slots is None:
+                land_slots = module.DECODE_GLUON_LAND_RING_SLOTS if producer == "land" and not land_apart else 1
+            narrow_form["LAND_SLOTS"] = land_slots
+            if land_slots > 1:
+                stages = module.DECODE_GLUON_LAND_RING_STAGES
         if "QUERY_SLICE" in module._mla_decode_gluon_kernel.arg_names:  # (modules after b7bcace)
             narrow_form["QUERY_SLICE"] = module.DECODE_GLUON_LAND_APART_QUERY_SLICE if land_apart else 0
         p_layout = p_layout[block_n]
@@ -221,6 +229,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequence-runs", action="store_true", help="runs that never cross a sequence's end")
     parser.add_argument("--short-blocks", action="store_true", help="the small batches' short cache blocks")
     parser.add_argument("--regs", type=int, help="registers of the P @ V warpgroups (default: the module's)")
+    parser.add_argument(
+        "--land-slots", type=int, help="fp8 blocks the landing producer lands at a time (default: the plan's)"
+    )
     args = parser.parse_args(argv)
     result = compile_offline(
         args.module,
@@ -232,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         not args.wide,
         args.sequence_runs,
         args.short_blocks,
+        args.land_slots,
     )
     kernel = result.pop("kernel")
     print(result)

@@ -303,6 +303,18 @@ def gluon_land_apart(*, query_rows, land_rows, block_m, fp8_cache, page_size, bl
     return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given
 
 
+def gluon_land_ring(*, query_rows, land_rows, fp8_cache, page_size, block_n, ring_slots, config_given):
+    """Whether a Gluon launch with an fp8 cache whose query takes at most the tile's upper half (land_rows) lands
+    ring_slots blocks at a time in a ring of its own (the plan's land_ring_slots, beside its land_ring_stages
+    16-bit stages) instead of one block in the query tile's lower half: where two or more slots fit, pages hold
+    whole blocks, and no configuration is given. With one landing block a program, the next block's boxes are
+    issued only once the block before has been converted out of the zone. Measured on the H100 (2026-11-26,
+    Mistral-Small-4 H32 B128 S8192 fp8, 4 converting warps; plan.LAND_RING_STAGES): 2 slots 169.3-169.5 us
+    against 175.9-177.3 with the query tile's lower half (bf16 241.4-242.0).
+    """
+    return fp8_cache and ring_slots > 1 and query_rows <= land_rows and page_size >= block_n and not config_given
+
+
 def check_decode_config(config):
     """(block_n, num_warps, num_stages) as a tuple of ints a launch can take, else a ValueError naming it."""
     ok = (

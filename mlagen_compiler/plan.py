@@ -182,9 +182,10 @@ class GluonDecodePlan:
     #: fp8 cache with at most land_rows query rows (Sq * H) and pages >= block_n: the landing producer's registers
     land_rows: int
     land_regs: int
-    #: its converting warps (beside one warp that issues the TMA boxes); with the narrow form (below), whose
-    #: softmax warpgroup holds a quarter of the accumulator, narrow_land_warps (ptxas cannot fit 13 warps beside
-    #: the 64-row accumulator). H100, H16 B128 fp8 (2026-11-25): 4 warps 255 us, 2 warps 261
+    #: its converting warps (beside one warp that issues the TMA boxes): with the narrow form (below), whose
+    #: softmax warpgroup holds a quarter of the accumulator, narrow_land_warps; else LAND_WIDE_WARPS where Dc <=
+    #: LAND_WIDE_WARPS_MAX_DC, 2 above (ptxas cannot fit 13 warps beside the 64-row accumulator at Dc 512). H100,
+    #: H16 B128 fp8 (2026-11-25): 4 warps 255 us, 2 warps 261
     land_warps: int
     narrow_land_warps: int
     #: its latent 64-column chunks per landing piece (one mbarrier handshake, read and converted together), and
@@ -199,6 +200,11 @@ class GluonDecodePlan:
     land_apart_pieces: int
     #: the landing converter converts a query filling the tile this many rows at a time (fewer registers)
     land_apart_query_slice: int
+    #: at most land_rows query rows (launch_policy.gluon_land_ring): the landing producer lands land_ring_slots
+    #: blocks at a time in a ring of its own beside land_ring_stages 16-bit stages, where two or more fit
+    #: (else 1: one block at a time in the query tile's lower half, beside the tuned stages)
+    land_ring_slots: int
+    land_ring_stages: int
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
@@ -252,6 +258,19 @@ def _gluon_fitting_stages(
     ]
 
 
+def _gluon_land_ring(dc: int, dr: int, block_m: int, block_n: int, land_pieces: int) -> tuple[int, int]:
+    """(landing slots, 16-bit stages) of the landing producer's ring of its own: the most slots, at most
+    LAND_RING_MAX_SLOTS, that fit beside LAND_RING_STAGES stages (a slot: one fp8 block and a mbarrier pair a
+    piece); (1, LAND_RING_STAGES) where fewer than two fit (the query tile's lower half then takes one block)."""
+    slot_bytes = block_n * (dc + dr) + 16 * land_pieces
+    fitting = [
+        slots
+        for slots in range(2, LAND_RING_MAX_SLOTS + 1)
+        if _gluon_smem_bytes(dc, dr, LAND_RING_STAGES, block_m, block_n, 0) + slots * slot_bytes <= GLUON_MAX_SMEM
+    ]
+    return max(fitting, default=1), LAND_RING_STAGES
+
+
 def _gluon_land_pieces(dc: int, group: int) -> tuple[int, int]:
     """(latent chunks a landing piece, pieces a block): `group` 64-column chunks a piece (at least one: a latent
     narrower than 64 columns is not eligible, but is still lowered), then one piece for the rope."""
@@ -267,6 +286,19 @@ def _gluon_land_apart_stages(dc: int, dr: int, block_m: int, land_pieces: int) -
     return max(_gluon_fitting_stages(dc, dr, block_m, LAND_APART_BLOCK_N, land_pieces, landing), default=2)
 
 
+#: the landing producer's ring of its own (where the query takes the tile's upper half): 16-bit stages beside it
+#: and the most fp8 blocks landing at a time. Measured on the H100 (2026-11-26, Mistral-Small-4 H32 B128 S8192
+#: fp8, bf16 241.4-242.0 us, two runs in one process; fp8_converter_variants.py variants ring1..ring4, land4w):
+#: with 4 converting warps, 2 slots 169.3-169.5 us, 3 slots 170.1-170.9, 1 (the query tile's lower half, 2
+#: stages) 175.9-177.3; with 2 warps 176.4-176.6 / 177.5-178.5 / 181.9-182.3 (4 slots: 179.0). The same cases
+#: with every sequence on one sequence's pages (the cache in L2): bf16 148.4 us, fp8 with nothing converted
+#: (wrong output, timing only) 147.8: what is left beside the conversion is the warpgroups' own time.
+LAND_RING_STAGES = 2
+LAND_RING_MAX_SLOTS = 2
+#: converting warps of the landing producer with rows as the MMAs' M where Dc <= LAND_WIDE_WARPS_MAX_DC (see
+#: LAND_RING_STAGES: 169.3-169.5 us against 176.4-176.6 with 2 warps); 2 above, where ptxas cannot fit them
+LAND_WIDE_WARPS = 4
+LAND_WIDE_WARPS_MAX_DC = 256
 #: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide).
 #: Measured on the H100 (2026-11-25, narrow against rows padded to 64): H16 B128 S8192 fp8 263 against 312 us,
 #: bf16 412 / 418, the B8 / skewed latency cases 39.5 / 38.3 against 46.4 / 49.1 us replayed; 32 wide did not
@@ -310,6 +342,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         reasons.append(f"query tile + 2 cache stages need {need} B of shared memory > {GLUON_MAX_SMEM}")
     stages = max(fitting) if fitting else 2
     fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
+    land_ring_slots, land_ring_stages = _gluon_land_ring(dc, dr, block_m, block_n, land_pieces)
     return GluonDecodePlan(
         eligible=not reasons,
         reason="; ".join(reasons),
@@ -327,7 +360,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         convert_regs=104,
         land_rows=block_m // 2,
         land_regs=80,
-        land_warps=2,
+        land_warps=LAND_WIDE_WARPS if dc <= LAND_WIDE_WARPS_MAX_DC else 2,
         narrow_land_warps=4,
         land_group=land_group,
         land_pieces=land_pieces,
@@ -335,6 +368,8 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         land_apart_stages=_gluon_land_apart_stages(dc, dr, block_m, land_apart_pieces if smem_pieces else 0),
         land_apart_pieces=land_apart_pieces,
         land_apart_query_slice=LAND_APART_QUERY_SLICE,
+        land_ring_slots=land_ring_slots if smem_pieces else 1,
+        land_ring_stages=land_ring_stages,
         narrow_rows=NARROW_ROWS,
         small_batch_block_n=SMALL_BATCH_BLOCK_N,
         small_batch_stages=SMALL_BATCH_STAGES,
@@ -523,9 +558,14 @@ class KernelPlan:
             dec["interpreter"] = self.decode.interpreter.key()
             gluon = self.decode.gluon
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
+            zone = (
+                f"a ring of its own, {gluon.land_ring_slots} blocks at a time,"
+                if gluon.land_ring_slots > 1
+                else "the query tile's unused half"
+            )
             converted = (
                 f" ({self.spec.cache_dtype} cache converted to float16 in shared memory; landed by TMA in"
-                f" the query tile's unused half where Sq * H <= {gluon.land_rows} and pages hold whole blocks, in"
+                f" {zone} where Sq * H <= {gluon.land_rows} and pages hold whole blocks, in"
                 f" a zone of its own beside {gluon.land_apart_block_n}-position stages where Sq * H <="
                 f" {gluon.block_m} and pages hold those)"
             )

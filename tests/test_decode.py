@@ -288,6 +288,45 @@ def test_gluon_fp8_landing_apart_and_row_loading_both_match_the_reference(build_
     check_decode(module, device, {**problem, "config": tuned.config}, "gluon")
 
 
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+@pytest.mark.parametrize("heads", [16, 32])
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_gluon_fp8_landing_ring_and_query_half_both_match_the_reference(build_module, device, page_size, heads, merge):
+    """An fp8 cache with at most half the query tile's rows (Mistral-Small-4's Dc 256: H32 rows as M, H16 the
+    narrow form) lands several blocks at a time in a ring of its own (gluon_land_ring); the same inputs with the
+    tuned configuration given land one block at a time in the query tile's lower half. Both against the
+    reference, both merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
+    require_backend(build_module, device, "gluon")
+    problem = dict(
+        heads=heads,
+        dc=256,
+        dr=64,
+        page_size=page_size,
+        dtype="bfloat16",
+        cache_dtype="float8_e4m3fn",
+        seqlen_q=1,
+        seqlens=[1, 63, 65, 0, 3 * page_size + 5, 700, 64, 1029],
+        num_parts=None,
+        min_blocks=None,
+        merge=merge,
+        tma=True,
+        nan_unused=True,
+        seed=7300 + page_size + heads,
+    )
+    module = module_for(build_module, problem)
+    ring = module.get_decode_schedule(8, 1, device, backend="gluon", merge=merge)
+    assert ring.land_slots == module.DECODE_GLUON_LAND_RING_SLOTS > 1, ring
+    assert ring.config[2] == module.DECODE_GLUON_LAND_RING_STAGES and not ring.land_apart
+    kv = torch.empty(2, page_size, 1, 320, dtype=torch.float8_e4m3fn, device=device)
+    assert module._gluon_producer_kind(kv, heads, ring.narrow, ring.config[0])[0] == "land"
+    check_decode(module, device, problem, "gluon")
+    tuned = module.get_decode_schedule(8, 1, device, backend="gluon", merge=merge, config=module.DECODE_GLUON_DEFAULT)
+    assert tuned.land_slots == 1 and tuned.config == module.DECODE_GLUON_DEFAULT
+    check_decode(module, device, {**problem, "config": tuned.config}, "gluon")
+
+
 @pytest.mark.parametrize("seqlen_q", [1, 2])
 @pytest.mark.parametrize("page_size", [64, 128])
 def test_gluon_fp8_two_row_blocks_match_the_reference(build_module, device, page_size, seqlen_q):

@@ -246,6 +246,17 @@ def test_gluon_land_apart_for_fp8_caches_whose_query_fills_one_row_block_unless_
     assert lp.gluon_land_apart(query_rows=64, **{**common, "config_given": True}) is False
 
 
+def test_gluon_land_ring_for_fp8_caches_whose_query_takes_half_the_tile_where_slots_fit_unless_configured():
+    common = dict(land_rows=32, fp8_cache=True, page_size=64, block_n=64, ring_slots=3, config_given=False)
+    assert lp.gluon_land_ring(query_rows=32, **common) is True  # Mistral-Small-4 (H32 Sq1)
+    assert lp.gluon_land_ring(query_rows=16, **common) is True  # the narrow form
+    assert lp.gluon_land_ring(query_rows=33, **common) is False  # the query fills the tile: landing apart
+    assert lp.gluon_land_ring(query_rows=32, **{**common, "ring_slots": 1}) is False  # Dc 512: no room
+    assert lp.gluon_land_ring(query_rows=32, **{**common, "fp8_cache": False}) is False
+    assert lp.gluon_land_ring(query_rows=32, **{**common, "page_size": 32}) is False  # blocks across pages
+    assert lp.gluon_land_ring(query_rows=32, **{**common, "config_given": True}) is False
+
+
 def test_combine_step_runs_fewer_for_two_warp_programs_in_crowded_grids():
     # the skewed Sq4 batch: (1, 64), 2048 programs of 2 warps: 64 runs a step (45.4 against 47.1 us with 128)
     assert lp.combine_step_runs_for_warps(128, (1, 64), 2, 2048, 132) == 64

@@ -5,13 +5,16 @@ from hypothesis import strategies as st
 
 from mlagen_compiler.plan import (
     ARCH_BUDGETS,
+    GLUON_MAX_SMEM,
     PLAN_ARCH,
     PlanError,
     TileConfig,
+    _gluon_smem_bytes,
     combine_step_runs,
     decode_live_regs,
     decode_smem_bytes,
     lower,
+    lower_gluon_decode,
     next_pow2,
     prefill_live_regs,
     prefill_smem_bytes,
@@ -121,6 +124,21 @@ def test_fp8_cache_plan():
     assert 0 < g.land_apart_query_slice <= g.block_m and g.block_m % g.land_apart_query_slice == 0
     apart_bytes = 2 * (64 * 576 + 3 * 32 * 576 + 64 * 32) + 32 * 576 + 3 * 4 * 64 + 8 * (2 * 3 + 7 + 2 * 3)
     assert apart_bytes <= 232448 < apart_bytes + 32 * 576 * 2  # a fourth stage would not fit
+
+
+def test_fp8_landing_ring_where_two_blocks_fit_beside_two_stages():
+    """Dc 256 (Mistral-Small-4): two fp8 blocks land at a time in a ring of their own beside two 16-bit stages,
+    in 4 converting warps; Dc 512: no room beside the query tile and two stages (the tile's lower half takes one
+    block), 2 warps; a 16-bit cache: no landing at all."""
+    ring = lower_gluon_decode(256, 64, "float8_e4m3fn")
+    assert (ring.land_ring_slots, ring.land_ring_stages, ring.land_warps) == (2, 2, 4)
+    slots = 2 * (ring.block_n * 320 + 16 * ring.land_pieces)
+    assert _gluon_smem_bytes(256, 64, 2, 64, 64) + slots <= GLUON_MAX_SMEM
+    wide = lower_gluon_decode(512, 64, "float8_e4m3fn")
+    assert (wide.land_ring_slots, wide.land_warps) == (1, 2)
+    one_slot = wide.block_n * 576 + 16 * wide.land_pieces
+    assert _gluon_smem_bytes(512, 64, 2, 64, 64) + 2 * one_slot > GLUON_MAX_SMEM
+    assert lower_gluon_decode(256, 64).land_ring_slots == 1
 
 
 def test_wide_latent_needs_eight_warps_for_64_rows():
