@@ -344,6 +344,13 @@ VARIANTS = {
         "load 7 spilled values a block instead of 18-20; offline SASS)",
         [("CONSUMER_REGS=schedule.config[1],", "CONSUMER_REGS=160,")],
     ),
+    **{
+        f"pv{regs}": (
+            f"P @ V warpgroup at {regs} registers instead of the configuration's",
+            [("CONSUMER_REGS=schedule.config[1],", f"CONSUMER_REGS={regs},")],
+        )
+        for regs in (168, 184)
+    },
     "pv120": (
         "P @ V warpgroup 168 -> 120 registers (the narrow form's accumulator is 32 a thread): the softmax warpgroup "
         "then spills less beside 4 converting warps (offline: stack 96 -> 40 bytes)",
@@ -571,7 +578,8 @@ VARIANTS = {
         f"ring{slots}": (
             f"the landing producer (query in the tile's upper half) with {slots} fp8 block(s) landing at a time"
             + (
-                " in the query tile's lower half, beside the tuned stages (the form before 2026-11-26 08:00 UTC)"
+                " in the query tile's lower half, beside the tuned stages (the form before 2026-11-26's eleventh "
+                "session)"
                 if slots == 1
                 else " in a ring of its own"
             ),
@@ -582,6 +590,17 @@ VARIANTS = {
         )
         for slots in (1, 2, 3, 4)
     },
+    "apart_short": (
+        "where the query fills the tile, landing apart in 32-position blocks beside the plan's short-block stages, one "
+        "block landing at a time, even where the ring fits (the form before 2026-11-26's eleventh session; measured "
+        "as the variants apart_ring2 / apart_ring3 of the ring then: 184.0 / 185.1 against 237.2 us at Dc 256 H64)",
+        [
+            (
+                "gluon_land_ring(query_rows=rows, block_m=DECODE_GLUON_BLOCK_M,",
+                "gluon_land_ring(query_rows=rows, block_m=DECODE_GLUON_LAND_ROWS,",
+            )
+        ],
+    ),
     "ring_s3": (
         "the landing ring beside 3 16-bit stages instead of the plan's",
         [("config[1], DECODE_GLUON_LAND_RING_STAGES)", "config[1], 3)")],
@@ -599,6 +618,9 @@ CASES = [
     ("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
     ("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64),
     ("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128),
+    # Dc 256 with 16 query rows (the narrow form) and with 64 (landing apart)
+    ("Dc256 H16 B128 S8192", "mistral-small-4", 16, [8192] * 128),
+    ("Dc256 H64 B128 S8192", "mistral-small-4", 64, [8192] * 128),
 ]
 
 

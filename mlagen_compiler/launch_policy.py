@@ -303,16 +303,19 @@ def gluon_land_apart(*, query_rows, land_rows, block_m, fp8_cache, page_size, bl
     return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given
 
 
-def gluon_land_ring(*, query_rows, land_rows, fp8_cache, page_size, block_n, ring_slots, config_given):
-    """Whether a Gluon launch with an fp8 cache whose query takes at most the tile's upper half (land_rows) lands
-    ring_slots blocks at a time in a ring of its own (the plan's land_ring_slots, beside its land_ring_stages
-    16-bit stages) instead of one block in the query tile's lower half: where two or more slots fit, pages hold
-    whole blocks, and no configuration is given. With one landing block a program, the next block's boxes are
-    issued only once the block before has been converted out of the zone. Measured on the H100 (2026-11-26,
-    Mistral-Small-4 H32 B128 S8192 fp8, 4 converting warps; plan.LAND_RING_STAGES): 2 slots 169.3-169.5 us
-    against 175.9-177.3 with the query tile's lower half (bf16 241.4-242.0).
+def gluon_land_ring(*, query_rows, block_m, fp8_cache, page_size, block_n, ring_slots, config_given):
+    """Whether a Gluon launch with an fp8 cache and one row block of query rows (at most block_m) lands ring_slots
+    blocks of block_n positions at a time in a ring of its own (the plan's land_ring_slots, beside its
+    land_ring_stages 16-bit stages), whether the query takes the tile's upper half or all of it: where two or
+    more slots fit beside the whole query tile (Dc 256), pages hold whole blocks, and no configuration is given.
+    Otherwise one block lands at a time: in the query tile's lower half, or (gluon_land_apart) in 32-position
+    blocks beside a query that fills the tile; the next block's boxes are then issued only once the block before
+    has been converted out of the zone. Measured on the H100 (2026-11-26, fp8, Dc 256, B128 S8192,
+    fp8_converter_variants.py; plan.LAND_RING_STAGES): Mistral-Small-4 (H32) 169.3-169.5 us with 2 slots
+    against 175.9-177.3 in the query tile's lower half (bf16 241.4-242.0); 64 query rows (H64) 184.0 against
+    237.2 landing apart in 32-position blocks (bf16 243.6); 16 rows (the narrow form) 151.7 against 152.5.
     """
-    return fp8_cache and ring_slots > 1 and query_rows <= land_rows and page_size >= block_n and not config_given
+    return fp8_cache and ring_slots > 1 and query_rows <= block_m and page_size >= block_n and not config_given
 
 
 def check_decode_config(config):

@@ -200,9 +200,9 @@ class GluonDecodePlan:
     land_apart_pieces: int
     #: the landing converter converts a query filling the tile this many rows at a time (fewer registers)
     land_apart_query_slice: int
-    #: at most land_rows query rows (launch_policy.gluon_land_ring): the landing producer lands land_ring_slots
-    #: blocks at a time in a ring of its own beside land_ring_stages 16-bit stages, where two or more fit
-    #: (else 1: one block at a time in the query tile's lower half, beside the tuned stages)
+    #: one row block of query rows (launch_policy.gluon_land_ring): the landing producer lands land_ring_slots
+    #: blocks at a time in a ring of its own beside land_ring_stages 16-bit stages and the whole query tile, where
+    #: two or more fit (else 1: one block at a time, in the query tile's lower half or landing apart)
     land_ring_slots: int
     land_ring_stages: int
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
@@ -260,8 +260,9 @@ def _gluon_fitting_stages(
 
 def _gluon_land_ring(dc: int, dr: int, block_m: int, block_n: int, land_pieces: int) -> tuple[int, int]:
     """(landing slots, 16-bit stages) of the landing producer's ring of its own: the most slots, at most
-    LAND_RING_MAX_SLOTS, that fit beside LAND_RING_STAGES stages (a slot: one fp8 block and a mbarrier pair a
-    piece); (1, LAND_RING_STAGES) where fewer than two fit (the query tile's lower half then takes one block)."""
+    LAND_RING_MAX_SLOTS, that fit beside the whole query tile and LAND_RING_STAGES stages (a slot: one fp8 block
+    and a mbarrier pair a piece); (1, LAND_RING_STAGES) where fewer than two fit (one block then lands at a time:
+    in the query tile's lower half, or apart beside short blocks)."""
     slot_bytes = block_n * (dc + dr) + 16 * land_pieces
     fitting = [
         slots
@@ -286,13 +287,15 @@ def _gluon_land_apart_stages(dc: int, dr: int, block_m: int, land_pieces: int) -
     return max(_gluon_fitting_stages(dc, dr, block_m, LAND_APART_BLOCK_N, land_pieces, landing), default=2)
 
 
-#: the landing producer's ring of its own (where the query takes the tile's upper half): 16-bit stages beside it
-#: and the most fp8 blocks landing at a time. Measured on the H100 (2026-11-26, Mistral-Small-4 H32 B128 S8192
+#: the landing producer's ring of its own (one row block of query rows): 16-bit stages beside it and the most fp8
+#: blocks landing at a time. Measured on the H100 (2026-11-26, Mistral-Small-4 H32 B128 S8192
 #: fp8, bf16 241.4-242.0 us, two runs in one process; fp8_converter_variants.py variants ring1..ring4, land4w):
 #: with 4 converting warps, 2 slots 169.3-169.5 us, 3 slots 170.1-170.9, 1 (the query tile's lower half, 2
 #: stages) 175.9-177.3; with 2 warps 176.4-176.6 / 177.5-178.5 / 181.9-182.3 (4 slots: 179.0). The same cases
 #: with every sequence on one sequence's pages (the cache in L2): bf16 148.4 us, fp8 with nothing converted
-#: (wrong output, timing only) 147.8: what is left beside the conversion is the warpgroups' own time.
+#: (wrong output, timing only) 147.8: what is left beside the conversion is the warpgroups' own time. With 64 query
+#: rows (H64, the query filling the tile) 184.0 us with 2 slots, 185.1 with 3, against 237.2 landing apart in
+#: 32-position blocks (bf16 243.6).
 LAND_RING_STAGES = 2
 LAND_RING_MAX_SLOTS = 2
 #: converting warps of the landing producer with rows as the MMAs' M where Dc <= LAND_WIDE_WARPS_MAX_DC (see
@@ -558,17 +561,18 @@ class KernelPlan:
             dec["interpreter"] = self.decode.interpreter.key()
             gluon = self.decode.gluon
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
-            zone = (
-                f"a ring of its own, {gluon.land_ring_slots} blocks at a time,"
-                if gluon.land_ring_slots > 1
-                else "the query tile's unused half"
-            )
-            converted = (
-                f" ({self.spec.cache_dtype} cache converted to float16 in shared memory; landed by TMA in"
-                f" {zone} where Sq * H <= {gluon.land_rows} and pages hold whole blocks, in"
-                f" a zone of its own beside {gluon.land_apart_block_n}-position stages where Sq * H <="
-                f" {gluon.block_m} and pages hold those)"
-            )
+            if gluon.land_ring_slots > 1:
+                landing = (
+                    f"landed by TMA {gluon.land_ring_slots} blocks at a time in a ring of its own where Sq * H <="
+                    f" {gluon.block_m} and pages hold whole blocks"
+                )
+            else:
+                landing = (
+                    f"landed by TMA in the query tile's unused half where Sq * H <= {gluon.land_rows} and pages hold"
+                    f" whole blocks, in a zone of its own beside {gluon.land_apart_block_n}-position stages where"
+                    f" Sq * H <= {gluon.block_m} and pages hold those"
+                )
+            converted = f" ({self.spec.cache_dtype} cache converted to float16 in shared memory; {landing})"
             dec["backend"] = (
                 f"gluon{converted if gluon.convert_cache else ''} on compute capability 9.x with triton {verified}, "
                 "else triton"

@@ -246,11 +246,12 @@ def test_gluon_land_apart_for_fp8_caches_whose_query_fills_one_row_block_unless_
     assert lp.gluon_land_apart(query_rows=64, **{**common, "config_given": True}) is False
 
 
-def test_gluon_land_ring_for_fp8_caches_whose_query_takes_half_the_tile_where_slots_fit_unless_configured():
-    common = dict(land_rows=32, fp8_cache=True, page_size=64, block_n=64, ring_slots=3, config_given=False)
-    assert lp.gluon_land_ring(query_rows=32, **common) is True  # Mistral-Small-4 (H32 Sq1)
+def test_gluon_land_ring_for_fp8_caches_of_one_row_block_where_two_slots_fit_unless_configured():
+    common = dict(block_m=64, fp8_cache=True, page_size=64, block_n=64, ring_slots=2, config_given=False)
+    assert lp.gluon_land_ring(query_rows=32, **common) is True  # Mistral-Small-4 (H32 Sq1): the tile's upper half
     assert lp.gluon_land_ring(query_rows=16, **common) is True  # the narrow form
-    assert lp.gluon_land_ring(query_rows=33, **common) is False  # the query fills the tile: landing apart
+    assert lp.gluon_land_ring(query_rows=64, **common) is True  # the query fills the tile (Mistral-Small-4 Sq2)
+    assert lp.gluon_land_ring(query_rows=65, **common) is False  # two row blocks: the row-loading converter
     assert lp.gluon_land_ring(query_rows=32, **{**common, "ring_slots": 1}) is False  # Dc 512: no room
     assert lp.gluon_land_ring(query_rows=32, **{**common, "fp8_cache": False}) is False
     assert lp.gluon_land_ring(query_rows=32, **{**common, "page_size": 32}) is False  # blocks across pages
