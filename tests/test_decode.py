@@ -289,22 +289,22 @@ def test_gluon_fp8_landing_apart_and_row_loading_both_match_the_reference(build_
 
 
 @pytest.mark.parametrize("merge", ["fused", "kernel"])
-@pytest.mark.parametrize("heads", [16, 32, 64])
+@pytest.mark.parametrize(("heads", "dc"), [(16, 256), (32, 256), (64, 256), (32, 128)])
 @pytest.mark.parametrize("page_size", [64, 128])
 def test_gluon_fp8_landing_ring_and_one_landing_block_both_match_the_reference(
-    build_module, device, page_size, heads, merge
+    build_module, device, page_size, heads, dc, merge
 ):
-    """An fp8 cache with Dc 256 (Mistral-Small-4) and one row block of query rows (H16: the narrow form; H32: the
-    tile's upper half; H64: the whole tile) lands two blocks at a time in a ring of its own (gluon_land_ring); the
-    same inputs with the tuned configuration given land one block at a time in the query tile's lower half (H16,
-    H32) or load rows into registers (H64). Both against the reference, both merges: page edges, an empty
-    sequence, splits, NaN in every unused slot. GPU only."""
+    """An fp8 cache with Dc 256 (Mistral-Small-4) or 128 and one row block of query rows (H16: the narrow form;
+    H32: the tile's upper half; H64: the whole tile) lands two blocks at a time in a ring of its own
+    (gluon_land_ring); the same inputs with the tuned configuration given land one block at a time in the query
+    tile's lower half (H16, H32) or load rows into registers (H64). Both against the reference, both merges: page
+    edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
     if device.type != "cuda":
         pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
     require_backend(build_module, device, "gluon")
     problem = dict(
         heads=heads,
-        dc=256,
+        dc=dc,
         dr=64,
         page_size=page_size,
         dtype="bfloat16",
@@ -316,14 +316,14 @@ def test_gluon_fp8_landing_ring_and_one_landing_block_both_match_the_reference(
         merge=merge,
         tma=True,
         nan_unused=True,
-        seed=7300 + page_size + heads,
+        seed=7300 + page_size + heads + dc,
     )
     module = module_for(build_module, problem)
     ring = module.get_decode_schedule(8, 1, device, backend="gluon", merge=merge)
     assert ring.land_slots == module.DECODE_GLUON_LAND_RING_SLOTS > 1, ring
     assert ring.config[0] == 64 and ring.config[2] == module.DECODE_GLUON_LAND_RING_STAGES
     assert ring.land_apart == (heads > module.DECODE_GLUON_LAND_ROWS)
-    kv = torch.empty(2, page_size, 1, 320, dtype=torch.float8_e4m3fn, device=device)
+    kv = torch.empty(2, page_size, 1, dc + 64, dtype=torch.float8_e4m3fn, device=device)
     assert module._gluon_producer_kind(kv, heads, ring.narrow, ring.config[0], ring.land_apart)[0] == "land"
     check_decode(module, device, problem, "gluon")
     tuned = module.get_decode_schedule(8, 1, device, backend="gluon", merge=merge, config=module.DECODE_GLUON_DEFAULT)
