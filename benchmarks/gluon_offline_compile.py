@@ -233,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         "--land-slots", type=int, help="fp8 blocks the landing producer lands at a time (default: the plan's)"
     )
     args = parser.parse_args(argv)
+    if args.land_slots is not None and args.land_slots < 1:
+        parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
     result = compile_offline(
         args.module,
         args.sq,

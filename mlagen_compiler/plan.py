@@ -258,18 +258,18 @@ def _gluon_fitting_stages(
     ]
 
 
-def _gluon_land_ring(dc: int, dr: int, block_m: int, block_n: int, land_pieces: int) -> tuple[int, int]:
-    """(landing slots, 16-bit stages) of the landing producer's ring of its own: the most slots, at most
-    LAND_RING_MAX_SLOTS, that fit beside the whole query tile and LAND_RING_STAGES stages (a slot: one fp8 block
-    and a mbarrier pair a piece); (1, LAND_RING_STAGES) where fewer than two fit (one block then lands at a time:
-    in the query tile's lower half, or apart beside short blocks)."""
+def _gluon_land_ring_slots(dc: int, dr: int, block_m: int, block_n: int, land_pieces: int) -> int:
+    """Landing slots of the landing producer's ring of its own: the most, at most LAND_RING_MAX_SLOTS, that fit
+    beside the whole query tile and LAND_RING_STAGES stages (a slot: one fp8 block and a mbarrier pair a piece);
+    1 where fewer than two fit (one block then lands at a time: in the query tile's lower half, or apart beside
+    short blocks)."""
     slot_bytes = block_n * (dc + dr) + 16 * land_pieces
     fitting = [
         slots
         for slots in range(2, LAND_RING_MAX_SLOTS + 1)
         if _gluon_smem_bytes(dc, dr, LAND_RING_STAGES, block_m, block_n, 0) + slots * slot_bytes <= GLUON_MAX_SMEM
     ]
-    return max(fitting, default=1), LAND_RING_STAGES
+    return max(fitting, default=1)
 
 
 def _gluon_land_pieces(dc: int, group: int) -> tuple[int, int]:
@@ -345,7 +345,8 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         reasons.append(f"query tile + 2 cache stages need {need} B of shared memory > {GLUON_MAX_SMEM}")
     stages = max(fitting) if fitting else 2
     fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
-    land_ring_slots, land_ring_stages = _gluon_land_ring(dc, dr, block_m, block_n, land_pieces)
+    # (fp8 only: a 16-bit cache lands nothing)
+    land_ring_slots = _gluon_land_ring_slots(dc, dr, block_m, block_n, land_pieces) if smem_pieces else 1
     return GluonDecodePlan(
         eligible=not reasons,
         reason="; ".join(reasons),
@@ -371,8 +372,8 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         land_apart_stages=_gluon_land_apart_stages(dc, dr, block_m, land_apart_pieces if smem_pieces else 0),
         land_apart_pieces=land_apart_pieces,
         land_apart_query_slice=LAND_APART_QUERY_SLICE,
-        land_ring_slots=land_ring_slots if smem_pieces else 1,
-        land_ring_stages=land_ring_stages,
+        land_ring_slots=land_ring_slots,
+        land_ring_stages=LAND_RING_STAGES,
         narrow_rows=NARROW_ROWS,
         small_batch_block_n=SMALL_BATCH_BLOCK_N,
         small_batch_stages=SMALL_BATCH_STAGES,
