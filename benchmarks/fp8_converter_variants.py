@@ -605,6 +605,13 @@ VARIANTS = {
         "the landing ring beside 3 16-bit stages instead of the plan's",
         [("config[1], DECODE_GLUON_LAND_RING_STAGES)", "config[1], 3)")],
     ),
+    **{
+        f"s{stages}": (
+            f"{stages} stages in the ring, whatever the schedule's",
+            [("STAGES=schedule.config[2],", f"STAGES={stages},")],
+        )
+        for stages in (3, 4)
+    },
     "n32s3": (
         "32-position cache blocks in a ring of 3 stages",
         [("DECODE_GLUON_BLOCK_N = 64", "DECODE_GLUON_BLOCK_N = 32"), ("STAGES=schedule.config[2],", "STAGES=3,")],

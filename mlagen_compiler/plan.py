@@ -562,17 +562,22 @@ class KernelPlan:
             dec["interpreter"] = self.decode.interpreter.key()
             gluon = self.decode.gluon
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
+            # (launch_policy.gluon_land_ring, gluon_land_apart and the module's _gluon_producer_kind, in that order)
+            apart = (
+                f"in a zone of its own beside {gluon.land_apart_block_n}-position stages where"
+                f" {gluon.land_rows} < Sq * H <= {gluon.block_m} and pages hold those"
+            )
             if gluon.land_ring_slots > 1:
                 landing = (
                     f"landed by TMA {gluon.land_ring_slots} blocks at a time in a ring of its own where Sq * H <="
-                    f" {gluon.block_m} and pages hold whole blocks"
+                    f" {gluon.block_m} and pages hold whole blocks, else {apart}"
                 )
             else:
                 landing = (
                     f"landed by TMA in the query tile's unused half where Sq * H <= {gluon.land_rows} and pages hold"
-                    f" whole blocks, in a zone of its own beside {gluon.land_apart_block_n}-position stages where"
-                    f" Sq * H <= {gluon.block_m} and pages hold those"
+                    f" whole blocks, else {apart}"
                 )
+            landing += "; else loaded row by row"
             converted = f" ({self.spec.cache_dtype} cache converted to float16 in shared memory; {landing})"
             dec["backend"] = (
                 f"gluon{converted if gluon.convert_cache else ''} on compute capability 9.x with triton {verified}, "

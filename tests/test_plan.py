@@ -114,8 +114,8 @@ def test_fp8_cache_plan():
     assert decode.gluon.land_rows == decode.gluon.block_m // 2
     assert fp8.summary()["decode"]["backend"].startswith(
         "gluon (float8_e4m3fn cache converted to float16 in shared memory; landed by TMA in the query tile's"
-        " unused half where Sq * H <= 32 and pages hold whole blocks, in a zone of its own beside 32-position"
-        " stages where Sq * H <= 64 and pages hold those) on compute capability 9.x"
+        " unused half where Sq * H <= 32 and pages hold whole blocks, else in a zone of its own beside 32-position"
+        " stages where 32 < Sq * H <= 64 and pages hold those; else loaded row by row) on compute capability 9.x"
     )
     # landing apart (one row block of more than 32 query rows): 32-position stages beside a landing zone of
     # one fp8 block, the query tile and P, within the shared memory the plan allows
@@ -132,6 +132,13 @@ def test_fp8_landing_ring_where_two_blocks_fit_beside_two_stages():
     block), 2 warps; a 16-bit cache: no landing at all."""
     ring = lower_gluon_decode(256, 64, "float8_e4m3fn")
     assert (ring.land_ring_slots, ring.land_ring_stages, ring.land_warps) == (2, 2, 4)
+    # what `mlagen show` says of such a module: the ring first, then what takes the launches it does not
+    shown = lower(spec(kv_lora_rank=256, cache_dtype="float8_e4m3fn")).summary()["decode"]["backend"]
+    assert (
+        "landed by TMA 2 blocks at a time in a ring of its own where Sq * H <= 64 and pages hold whole blocks, else"
+        " in a zone of its own beside 32-position stages where 32 < Sq * H <= 64 and pages hold those; else loaded"
+        " row by row)"
+    ) in shown
     slots = 2 * (ring.block_n * 320 + 16 * ring.land_pieces)
     assert _gluon_smem_bytes(256, 64, 2, 64, 64) + slots <= GLUON_MAX_SMEM
     wide = lower_gluon_decode(512, 64, "float8_e4m3fn")
