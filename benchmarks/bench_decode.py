@@ -130,6 +130,8 @@ def cases(quick: bool) -> list[Case]:
     out.append(Case("H16 skewed4 Sq1 graph", "deepseek-v3-tp8", 16, [4641, 45118, 1730, 1696], 1, graph=True))
     out.append(Case("Kimi-K2 H64 B128 S8192", "kimi-k2", 64, [8192] * 128))
     out.append(Case("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128))
+    # Dc 256 with two row blocks of query rows (4 tokens a sequence, e.g. multi-token prediction): long blocks
+    out.append(Case("Mistral-S4 H32 B128 S8192 Sq4", "mistral-small-4", 32, [8192] * 128, 4))
     return out
 
 

@@ -272,9 +272,10 @@ VARIANTS = {
         "the word converter's bulk L2 prefetch two blocks ahead instead of one (as the variant conv_bulk2 then: "
         "606.9 us)",
         [
-            ("tok0 = (blk + 1) * BLOCK_N", "tok0 = (blk + 2) * BLOCK_N"),
-            ("tok0 // PAGE_SIZE, mask=blk + 1 < hi, other=0)", "tok0 // PAGE_SIZE, mask=blk + 2 < hi, other=0)"),
-            ("BLOCK_N * (DC + DR), blk + 1 < hi, WARPS)", "BLOCK_N * (DC + DR), blk + 2 < hi, WARPS)"),
+            (
+                "_gluon_prefetch_next_block(KV, bt_row, blk, hi, stride_kv_page, stride_kv_tok, DC, DR,",
+                "_gluon_prefetch_next_block(KV, bt_row, blk + 1, hi, stride_kv_page, stride_kv_tok, DC, DR,",
+            )
         ],
     ),
     "words_cg": (
@@ -477,15 +478,21 @@ VARIANTS = {
         "the landing issuer without its bulk L2 prefetch of the next block (the form before 2026-11-26 06:40 UTC; "
         "measured as the variant issuer_bulk1 then: H16 B128 235.4 against 242.4 us, B64 S32768 449.3 against 473.7, "
         "Mistral-Small-4 184.1 against 183.0)",
-        [("BLOCK_N * (DC + DR), blk + 1 < hi, 1)", "BLOCK_N * (DC + DR), False, 1)")],
+        [
+            (
+                "_gluon_prefetch_next_block(KV, bt_row, blk, hi, PAGE_SIZE * (DC + DR),",
+                "_gluon_prefetch_next_block(KV, bt_row, blk, blk + 1, PAGE_SIZE * (DC + DR),",
+            )
+        ],
     ),
     "issuer_prefetch_next2": (
         "the landing issuer's bulk L2 prefetch two blocks ahead instead of one (as the variant issuer_bulk2 then: "
         "247.2 / 479.1 / 187.6 us)",
         [
-            ("tok_next = (blk + 1) * BLOCK_N", "tok_next = (blk + 2) * BLOCK_N"),
-            ("mask=blk + 1 < hi, other=0) * PAGE_SIZE", "mask=blk + 2 < hi, other=0) * PAGE_SIZE"),
-            ("BLOCK_N * (DC + DR), blk + 1 < hi, 1)", "BLOCK_N * (DC + DR), blk + 2 < hi, 1)"),
+            (
+                "_gluon_prefetch_next_block(KV, bt_row, blk, hi, PAGE_SIZE * (DC + DR),",
+                "_gluon_prefetch_next_block(KV, bt_row, blk + 1, hi, PAGE_SIZE * (DC + DR),",
+            )
         ],
     ),
     "prefetch2": ("as prefetch1, two blocks ahead", _prefetch_edits(2)),

@@ -55,9 +55,11 @@ def compile_offline(
     sequence_runs: bool = False,
     short_blocks: bool = False,
     land_slots: int | None = None,
+    long_blocks: bool = False,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers. An fp8
-    module's landing producer with more query rows than half the tile lands apart, in short blocks."""
+    module's landing producer with more query rows than half the tile lands apart, in short blocks. long_blocks:
+    the long blocks of gluon_long_blocks (a 16-bit cache; pages of the module's size)."""
     from triton.experimental.gluon import language as gl
     from triton.runtime.driver import driver
 
@@ -102,6 +104,10 @@ def compile_offline(
     if isinstance(p_layout, dict):  # (modules after 44c0e3f: a P layout per block size)
         if short_blocks:
             block_n, stages = module.DECODE_GLUON_SMALL_BATCH_BLOCK_N, module.DECODE_GLUON_SMALL_BATCH_STAGES
+        if long_blocks:
+            assert module.DECODE_GLUON_LONG_BLOCK_N, "the plan has no long blocks for this geometry"
+            block_n, stages = module.DECODE_GLUON_LONG_BLOCK_N, module.DECODE_GLUON_LONG_BLOCK_STAGES
+            producer = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows, 0, block_n)[0]
         # (what gluon_land_apart plans for such rows, forced with --producer land)
         land_apart = producer == "land" and rows > module.DECODE_GLUON_LAND_ROWS
         if land_apart:
@@ -232,6 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--land-slots", type=int, help="fp8 blocks the landing producer lands at a time (default: the plan's)"
     )
+    parser.add_argument("--long-blocks", action="store_true", help="the long blocks of two or more row blocks")
     args = parser.parse_args(argv)
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
@@ -246,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         args.sequence_runs,
         args.short_blocks,
         args.land_slots,
+        args.long_blocks,
     )
     kernel = result.pop("kernel")
     print(result)

@@ -285,6 +285,32 @@ def gluon_short_blocks(*, narrow, batch_size, num_parts, small_batch, fp8_cache,
     )
 
 
+def gluon_long_blocks(
+    *, row_blocks, narrow, batch_size, small_batch, fp8_cache, page_size, block_n, long_block_n, config_given
+):
+    """Whether a Gluon launch streams the cache in the plan's long blocks (long_block_n positions, 128: Q K^T as
+    m64n128 warpgroup MMAs, fewer and better-fed than m64n64) instead of its tuned (block_n, stages): two or more
+    row blocks of query rows (rows as the MMAs' M, narrow = 0: the compute-bound launches), more than small_batch
+    sequences (the latency regime keeps its runs of 64-position blocks), a 16-bit cache (an fp8 cache has no
+    room left for its landing zone), pages of at least block_n positions (a long block is then block_n-row TMA
+    boxes, one per page it spans), no configuration given, and long blocks that fit (long_block_n > 0: Dc <= 256
+    beside 64 query rows; not Dc 512).
+
+    Measured on the H100 (2026-11-26, bf16 Dc 256 B128 S8192, every result checked; benchmarks/block_n_probe.py):
+    H128 (two row blocks) 305.8 us against 337.2 with the tuned 64-position blocks; with one row block (H64,
+    memory-bound) 246.0 against 243.7, so one row block keeps its blocks.
+    """
+    return (
+        long_block_n > 0
+        and not narrow
+        and row_blocks >= 2
+        and batch_size > small_batch
+        and not fp8_cache
+        and page_size >= block_n
+        and not config_given
+    )
+
+
 def gluon_land_apart(*, query_rows, land_rows, block_m, fp8_cache, page_size, block_n, config_given):
     """Whether a Gluon launch with an fp8 cache streams it in the landing producer's short blocks with a landing
     zone of its own (block_n positions a block: the plan's land_apart_block_n, in land_apart_stages stages):

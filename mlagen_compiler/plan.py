@@ -212,6 +212,11 @@ class GluonDecodePlan:
     #: cache positions a block and ring stages instead of block_n and the tuned stages
     small_batch_block_n: int
     small_batch_stages: int
+    #: two or more row blocks of query rows and a 16-bit cache (launch_policy.gluon_long_blocks): cache positions a
+    #: block (Q K^T as m64n128 MMAs) and ring stages instead of block_n and the tuned stages; 0 where
+    #: long_block_stages such blocks do not fit beside the query tile (Dc 512), and with an fp8 cache
+    long_block_n: int
+    long_block_stages: int
     #: split-KV: runs per SM (one program fills an SM's shared memory) and the fewest blocks per run
     parts_per_sm: int
     min_blocks_per_part: int
@@ -317,6 +322,13 @@ LAND_GROUP = 2
 #: against 50.2 with 64-position blocks in a ring of 2, B1 H128 22.0 / 22.4 against 23.4-23.6
 SMALL_BATCH_BLOCK_N = 32
 SMALL_BATCH_STAGES = 3
+#: two or more row blocks of query rows, a 16-bit cache (launch_policy.gluon_long_blocks): 128-position blocks in a
+#: ring of 2, where they fit. Measured on the H100 (2026-11-26, bf16 Dc 256 B128 S8192, pages of 128, the tuned
+#: 64 x 2 against 128 x 2 given as configurations; benchmarks/block_n_probe.py): H128 (two row blocks) 337.2 us
+#: against 305.8 (200 registers) / 315.6 (168); H64 (one row block, memory-bound) 243.7 against 246.0; with the
+#: cache in L2 (every sequence on the first one's pages) H64 151.5 against 140.4, H32 148.4 against 136.7
+LONG_BLOCK_N = 128
+LONG_BLOCK_STAGES = 2
 #: most ring stages offered: past 4 a 64-position block is already > 10 us of transfers ahead
 GLUON_MAX_STAGES = 4
 #: registers of the second (P V) warpgroup offered to the tuner (setmaxnreg: multiples of 8; the softmax
@@ -377,6 +389,11 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         narrow_rows=NARROW_ROWS,
         small_batch_block_n=SMALL_BATCH_BLOCK_N,
         small_batch_stages=SMALL_BATCH_STAGES,
+        # (a 16-bit cache only: an fp8 cache's landing zone would not fit beside them)
+        long_block_n=LONG_BLOCK_N
+        if not smem_pieces and LONG_BLOCK_STAGES in _gluon_fitting_stages(dc, dr, block_m, LONG_BLOCK_N, 0)
+        else 0,
+        long_block_stages=LONG_BLOCK_STAGES,
         parts_per_sm=1,
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,

@@ -120,12 +120,12 @@ def test_module_edits_must_match_once_and_variants_must_exist(tmp_path):
 
 
 def test_the_block_size_probe_edits_a_bundled_16_bit_module_once():
-    """block_n_probe.py lets a caller's configuration take 128 cache positions a block by text edits of a generated
-    module; a template change that moves an edited line must fail here, not at the device."""
+    """block_n_probe.py lets a caller's configuration take 128 cache positions a block by a text edit of a generated
+    module (whose long blocks give P's layout); a template change that moves the edited line must fail here."""
     import block_n_probe
 
     source = (Path(__file__).resolve().parent.parent / "generated" / "mistral_small_4.py").read_text()
     for text, replacement in block_n_probe.EDITS:
         assert source.count(text) == 1, text
         source = source.replace(text, replacement)
-    assert "DECODE_GLUON_SPACE = ((128, 200, 2)" in source
+    assert "DECODE_GLUON_SPACE = ((128, 200, 2)" in source and "DECODE_GLUON_LONG_BLOCK_N = 128" in source

@@ -221,6 +221,50 @@ def test_gluon_narrow_and_wide_forms_both_match_the_reference(build_module, devi
         check_decode(module, device, problem, "gluon")
 
 
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+@pytest.mark.parametrize(("heads", "seqlen_q"), [(128, 1), (32, 4)])
+@pytest.mark.parametrize("page_size", [64, 128])
+def test_gluon_long_and_tuned_blocks_both_match_the_reference(build_module, device, page_size, heads, seqlen_q, merge):
+    """Two row blocks of query rows at Dc 256 with a 16-bit cache, beyond the small batches, stream 128-position
+    cache blocks (gluon_long_blocks: one TMA box a block with pages of 128, two with pages of 64; the gathering
+    producer for a cache TMA cannot address); the same inputs with the tuned configuration given stream
+    64-position blocks. All against the reference, both merges: page edges, an empty sequence, lengths off the
+    blocks, causal masks over the last blocks (Sq 4), the runs the launch policy plans, NaN in every unused slot.
+    GPU only."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
+    require_backend(build_module, device, "gluon")
+    problem = dict(
+        heads=heads,
+        dc=256,
+        dr=64,
+        page_size=page_size,
+        dtype="bfloat16",
+        cache_dtype=None,
+        seqlen_q=seqlen_q,
+        seqlens=[1, 63, 65, 0, 127, 129, 3 * page_size + 5, 700, 64, 1029],
+        num_parts=None,
+        min_blocks=None,
+        merge=merge,
+        tma=True,
+        nan_unused=True,
+        seed=7400 + page_size + heads + seqlen_q,
+    )
+    module = module_for(build_module, problem)
+    batch = len(problem["seqlens"])
+    assert batch > module.DECODE_SMALL_BATCH
+    long = module.get_decode_schedule(batch, seqlen_q, device, backend="gluon", merge=merge)
+    assert long.config[0] == module.DECODE_GLUON_LONG_BLOCK_N == 128, long
+    assert long.config[2] == module.DECODE_GLUON_LONG_BLOCK_STAGES and long.row_blocks == 2
+    kv = torch.empty(2, page_size, 1, 256 + 64, dtype=torch.bfloat16, device=device)
+    assert module._gluon_producer_kind(kv, heads * seqlen_q, 0, 128)[0] == "tma"
+    check_decode(module, device, problem, "gluon")
+    check_decode(module, device, problem, "gluon", cache_view=rows_off_word_boundaries)  # the gathering producer
+    tuned = module.get_decode_schedule(batch, seqlen_q, device, backend="gluon", config=module.DECODE_GLUON_DEFAULT)
+    assert tuned.config == module.DECODE_GLUON_DEFAULT and tuned.config[0] == 64
+    check_decode(module, device, {**problem, "config": tuned.config}, "gluon")
+
+
 def tall_rows_small_batch(page_size: int, merge: str, cache_dtype: str | None, seed: int) -> dict:
     """8 sequences of DeepSeek H16 at Sq 4 (64 query rows: one row block, rows as the MMAs' M): page edges, an
     empty sequence, splits by the launch policy, NaN in every unused slot."""

@@ -234,6 +234,30 @@ def test_gluon_short_blocks_for_short_runs_of_tall_rows_with_a_16_bit_cache_unle
     assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **{**common, "config_given": True}) is False
 
 
+def test_gluon_long_blocks_for_two_row_blocks_of_large_batches_with_a_16_bit_cache_unless_configured():
+    common = dict(
+        narrow=0,
+        batch_size=128,
+        small_batch=8,
+        fp8_cache=False,
+        page_size=64,
+        block_n=64,
+        long_block_n=128,
+        config_given=False,
+    )
+    assert lp.gluon_long_blocks(row_blocks=2, **common) is True  # Dc 256 H128, or H32 Sq4
+    assert lp.gluon_long_blocks(row_blocks=4, **common) is True
+    assert lp.gluon_long_blocks(row_blocks=1, **common) is False  # one row block: memory-bound, keeps its blocks
+    assert lp.gluon_long_blocks(row_blocks=2, **{**common, "batch_size": 8}) is False  # the latency regime
+    assert lp.gluon_long_blocks(row_blocks=2, **{**common, "batch_size": 9}) is True
+    assert lp.gluon_long_blocks(row_blocks=2, **{**common, "long_block_n": 0}) is False  # Dc 512: none fit
+    assert lp.gluon_long_blocks(row_blocks=2, **{**common, "fp8_cache": True}) is False
+    assert lp.gluon_long_blocks(row_blocks=2, **{**common, "page_size": 32}) is False  # boxes under 64 rows
+    assert lp.gluon_long_blocks(row_blocks=2, **{**common, "page_size": 128}) is True  # one box a block
+    assert lp.gluon_long_blocks(row_blocks=2, **{**common, "narrow": 16}) is False
+    assert lp.gluon_long_blocks(row_blocks=2, **{**common, "config_given": True}) is False
+
+
 def test_gluon_land_apart_for_fp8_caches_whose_query_fills_one_row_block_unless_configured():
     common = dict(land_rows=32, block_m=64, fp8_cache=True, page_size=64, block_n=32, config_given=False)
     assert lp.gluon_land_apart(query_rows=64, **common) is True  # H64 Sq1, H16 Sq4

@@ -148,6 +148,18 @@ def test_fp8_landing_ring_where_two_blocks_fit_beside_two_stages():
     assert lower_gluon_decode(256, 64).land_ring_slots == 1
 
 
+def test_long_blocks_where_two_fit_beside_the_query_tile_with_a_16_bit_cache():
+    """128-position blocks in a ring of 2 (launch_policy.gluon_long_blocks): Dc 256 and 128 fit them beside the
+    64-row query tile and P; Dc 512 does not, and an fp8 cache never takes them."""
+    for dc in (128, 256):
+        plan = lower_gluon_decode(dc, 64)
+        assert (plan.long_block_n, plan.long_block_stages) == (128, 2)
+        assert _gluon_smem_bytes(dc, 64, 2, 64, 128) <= GLUON_MAX_SMEM
+    assert lower_gluon_decode(512, 64).long_block_n == 0
+    assert _gluon_smem_bytes(512, 64, 2, 64, 128) > GLUON_MAX_SMEM
+    assert lower_gluon_decode(256, 64, "float8_e4m3fn").long_block_n == 0
+
+
 def test_wide_latent_needs_eight_warps_for_64_rows():
     plan = lower(spec(kv_lora_rank=512)).decode
     assert 4 not in {c.num_warps for c in dict(plan.space)[64]}
