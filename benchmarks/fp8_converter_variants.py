@@ -608,6 +608,27 @@ VARIANTS = {
             )
         ],
     ),
+    "ring_rows": (
+        "the landing ring for two or more row blocks too (each row block's program lands its blocks in a ring of its "
+        "own, its query filling the tile), where the launch policy gives them the row-loading converter",
+        [
+            (
+                "gluon_land_ring(query_rows=rows, block_m=DECODE_GLUON_BLOCK_M,",
+                "gluon_land_ring(query_rows=min(rows, DECODE_GLUON_BLOCK_M), block_m=DECODE_GLUON_BLOCK_M,",
+            )
+        ],
+    ),
+    "long_fp8": (
+        "the long blocks (128 positions) with an fp8 cache where the launch policy gives them to a 16-bit one (two or "
+        "more row blocks): the row-loading converter fills 128-position stages",
+        [
+            ("DECODE_GLUON_LONG_BLOCK_N = 0", "DECODE_GLUON_LONG_BLOCK_N = 128"),
+            (
+                "small_batch=DECODE_SMALL_BATCH, fp8_cache=CACHE_SCALED, page_size=PAGE_SIZE,",
+                "small_batch=DECODE_SMALL_BATCH, fp8_cache=False, page_size=PAGE_SIZE,",
+            ),
+        ],
+    ),
     "ring_s3": (
         "the landing ring beside 3 16-bit stages instead of the plan's",
         [("config[1], DECODE_GLUON_LAND_RING_STAGES)", "config[1], 3)")],
@@ -635,6 +656,8 @@ CASES = [
     # Dc 256 with 16 query rows (the narrow form) and with 64 (landing apart)
     ("Dc256 H16 B128 S8192", "mistral-small-4", 16, [8192] * 128),
     ("Dc256 H64 B128 S8192", "mistral-small-4", 64, [8192] * 128),
+    # Dc 256 with two row blocks (as Mistral-Small-4 at Sq 4)
+    ("Dc256 H128 B128 S8192", "mistral-small-4", 128, [8192] * 128),
 ]
 
 
