@@ -222,10 +222,12 @@ def test_gluon_narrow_and_wide_forms_both_match_the_reference(build_module, devi
 
 
 @pytest.mark.parametrize("merge", ["fused", "kernel"])
-@pytest.mark.parametrize(("heads", "seqlen_q"), [(128, 1), (32, 4)])
+@pytest.mark.parametrize(("heads", "seqlen_q", "dc"), [(128, 1, 256), (32, 4, 256), (128, 1, 128)])
 @pytest.mark.parametrize("page_size", [64, 128])
-def test_gluon_long_and_tuned_blocks_both_match_the_reference(build_module, device, page_size, heads, seqlen_q, merge):
-    """Two row blocks of query rows at Dc 256 with a 16-bit cache, beyond the small batches, stream 128-position
+def test_gluon_long_and_tuned_blocks_both_match_the_reference(
+    build_module, device, page_size, heads, seqlen_q, dc, merge
+):
+    """Two row blocks of query rows at Dc 256 or 128 with a 16-bit cache, beyond the small batches, stream 128-position
     cache blocks (gluon_long_blocks: one TMA box a block with pages of 128, two with pages of 64; the gathering
     producer for a cache TMA cannot address); the same inputs with the tuned configuration given stream
     64-position blocks. All against the reference, both merges: page edges, an empty sequence, lengths off the
@@ -236,7 +238,7 @@ def test_gluon_long_and_tuned_blocks_both_match_the_reference(build_module, devi
     require_backend(build_module, device, "gluon")
     problem = dict(
         heads=heads,
-        dc=256,
+        dc=dc,
         dr=64,
         page_size=page_size,
         dtype="bfloat16",
@@ -248,7 +250,7 @@ def test_gluon_long_and_tuned_blocks_both_match_the_reference(build_module, devi
         merge=merge,
         tma=True,
         nan_unused=True,
-        seed=7400 + page_size + heads + seqlen_q,
+        seed=7400 + page_size + heads + seqlen_q + dc,
     )
     module = module_for(build_module, problem)
     batch = len(problem["seqlens"])
@@ -256,7 +258,7 @@ def test_gluon_long_and_tuned_blocks_both_match_the_reference(build_module, devi
     long = module.get_decode_schedule(batch, seqlen_q, device, backend="gluon", merge=merge)
     assert long.config[0] == module.DECODE_GLUON_LONG_BLOCK_N == 128, long
     assert long.config[2] == module.DECODE_GLUON_LONG_BLOCK_STAGES and long.row_blocks == 2
-    kv = torch.empty(2, page_size, 1, 256 + 64, dtype=torch.bfloat16, device=device)
+    kv = torch.empty(2, page_size, 1, dc + 64, dtype=torch.bfloat16, device=device)
     assert module._gluon_producer_kind(kv, heads * seqlen_q, 0, 128)[0] == "tma"
     check_decode(module, device, problem, "gluon")
     check_decode(module, device, problem, "gluon", cache_view=rows_off_word_boundaries)  # the gathering producer
