@@ -31,6 +31,20 @@ from mlagen_compiler.registry import resolve_spec  # noqa: E402
 EDITS = [("DECODE_GLUON_SPACE = (", "DECODE_GLUON_SPACE = ((128, 200, 2), (128, 184, 2), (128, 168, 2), ")]
 
 
+def parse_configs(text: str) -> list[tuple[int, int, int] | None]:
+    """--configs as a list of (block_n, registers, stages) tuples, None for 'auto'; a ValueError naming the entry."""
+    configs = []
+    for entry in text.split(","):
+        if entry == "auto":
+            configs.append(None)
+            continue
+        parts = entry.split(":")
+        if len(parts) != 3 or not all(part.isdigit() for part in parts):
+            raise ValueError(f"--configs: expected 'auto' or block_n:registers:stages, got {entry!r}")
+        configs.append(tuple(int(part) for part in parts))
+    return configs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", default="mistral-small-4")
@@ -45,6 +59,10 @@ def main() -> int:
     parser.add_argument("--no-l2", action="store_true", help="only with the cache read from memory")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     args = parser.parse_args()
+    try:
+        configs = parse_configs(args.configs)
+    except ValueError as error:
+        parser.error(str(error))
     args.out.mkdir(parents=True, exist_ok=True)
     bench_decode.PAGE_SIZE = args.page  # (make_inputs reads it)
     spec = resolve_spec(args.spec)
@@ -66,8 +84,7 @@ def main() -> int:
         case = f"{args.spec} H{args.heads} B128 S8192 Sq{args.sq} page {args.page}" + (" L2-resident" if l2 else "")
         pages = table[:1].expand_as(table).contiguous() if l2 else table
         base = None
-        for text in args.configs.split(","):
-            config = None if text == "auto" else tuple(int(v) for v in text.split(":"))
+        for config in configs:
             us, label, msg = timed(module, q, kv, pages, lens, None, max(seqlens), backend="gluon", config=config)
             label += " (auto)" if config is None else ""
             base = base or us

@@ -105,7 +105,8 @@ def compile_offline(
         if short_blocks:
             block_n, stages = module.DECODE_GLUON_SMALL_BATCH_BLOCK_N, module.DECODE_GLUON_SMALL_BATCH_STAGES
         if long_blocks:
-            assert module.DECODE_GLUON_LONG_BLOCK_N, "the plan has no long blocks for this geometry"
+            if not module.DECODE_GLUON_LONG_BLOCK_N:
+                raise ValueError(f"long_blocks: {module_path} has no long blocks (Dc 512, or an fp8 cache)")
             block_n, stages = module.DECODE_GLUON_LONG_BLOCK_N, module.DECODE_GLUON_LONG_BLOCK_STAGES
             producer = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows, 0, block_n)[0]
         # (what gluon_land_apart plans for such rows, forced with --producer land)

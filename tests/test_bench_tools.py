@@ -129,3 +129,12 @@ def test_the_block_size_probe_edits_a_bundled_16_bit_module_once():
         assert source.count(text) == 1, text
         source = source.replace(text, replacement)
     assert "DECODE_GLUON_SPACE = ((128, 200, 2)" in source and "DECODE_GLUON_LONG_BLOCK_N = 128" in source
+
+
+def test_the_block_size_probe_names_a_malformed_configuration():
+    import block_n_probe
+
+    assert block_n_probe.parse_configs("auto,64:200:2") == [None, (64, 200, 2)]
+    for bad in ("64:200", "64:x:2", "", "auto,128:200:2:1"):
+        with pytest.raises(ValueError, match="--configs: expected 'auto' or block_n:registers:stages"):
+            block_n_probe.parse_configs(bad)
