@@ -380,7 +380,7 @@ VARIANTS = {
         "the landing producer would take it (Sq * H <= 32, pages of whole blocks)",
         [
             (
-                "if CACHE_SCALED and boxes and (query_rows <= DECODE_GLUON_LAND_ROWS or land_apart):",
+                "if (query_rows <= DECODE_GLUON_LAND_ROWS or land_apart) and _gluon_cache_boxes(kv_cache, block_n):",
                 "if False:",
             )
         ],
@@ -591,8 +591,8 @@ VARIANTS = {
                 else " in a ring of its own"
             ),
             [
-                ("ring_slots=DECODE_GLUON_LAND_RING_SLOTS,", f"ring_slots={slots},"),
-                ("land_slots = DECODE_GLUON_LAND_RING_SLOTS", f"land_slots = {slots}"),
+                ('ring_slots=sizes["land_ring_slots"],', f"ring_slots={slots},"),
+                ('            sizes["land_ring_slots"],\n        )', f"            {slots},\n        )"),
             ],
         )
         for slots in (1, 2, 3, 4)
@@ -603,8 +603,8 @@ VARIANTS = {
         "as the variants apart_ring2 / apart_ring3 of the ring then: 184.0 / 185.1 against 237.2 us at Dc 256 H64)",
         [
             (
-                "gluon_land_ring(query_rows=rows, block_m=DECODE_GLUON_BLOCK_M,",
-                "gluon_land_ring(query_rows=rows, block_m=DECODE_GLUON_LAND_ROWS,",
+                'if gluon_land_ring(\n        query_rows=query_rows,\n        block_m=sizes["block_m"],',
+                'if gluon_land_ring(\n        query_rows=query_rows,\n        block_m=sizes["land_rows"],',
             )
         ],
     ),
@@ -613,8 +613,8 @@ VARIANTS = {
         "own, its query filling the tile), where the launch policy gives them the row-loading converter",
         [
             (
-                "gluon_land_ring(query_rows=rows, block_m=DECODE_GLUON_BLOCK_M,",
-                "gluon_land_ring(query_rows=min(rows, DECODE_GLUON_BLOCK_M), block_m=DECODE_GLUON_BLOCK_M,",
+                "if gluon_land_ring(\n        query_rows=query_rows,",
+                'if gluon_land_ring(\n        query_rows=min(query_rows, sizes["block_m"]),',
             )
         ],
     ),
@@ -624,14 +624,14 @@ VARIANTS = {
         [
             ("DECODE_GLUON_LONG_BLOCK_N = 0", "DECODE_GLUON_LONG_BLOCK_N = 128"),
             (
-                "small_batch=DECODE_SMALL_BATCH, fp8_cache=CACHE_SCALED, page_size=PAGE_SIZE,",
-                "small_batch=DECODE_SMALL_BATCH, fp8_cache=False, page_size=PAGE_SIZE,",
+                'long_block_n=sizes["long_block_n"],\n        **common,',
+                'long_block_n=sizes["long_block_n"],\n        **{**common, "fp8_cache": False},',
             ),
         ],
     ),
     "ring_s3": (
         "the landing ring beside 3 16-bit stages instead of the plan's",
-        [("config[1], DECODE_GLUON_LAND_RING_STAGES)", "config[1], 3)")],
+        [('(block_n, registers, sizes["land_ring_stages"])', "(block_n, registers, 3)")],
     ),
     **{
         f"s{stages}": (

@@ -344,6 +344,77 @@ def gluon_land_ring(*, query_rows, block_m, fp8_cache, page_size, block_n, ring_
     return fp8_cache and ring_slots > 1 and query_rows <= block_m and page_size >= block_n and not config_given
 
 
+def gluon_blocks(
+    config,
+    *,
+    fewest_blocks,
+    sizes,
+    query_rows,
+    narrow,
+    batch_size,
+    num_parts,
+    small_batch,
+    fp8_cache,
+    page_size,
+    config_given,
+):
+    """(config, fewest_blocks, land_apart, land_slots) of a Gluon launch: the cache blocks it streams, as the one
+    place that chooses among the tuned configuration (config: block_n, registers, stages), the short and long
+    blocks and the fp8 landing ring or zone apart (gluon_short_blocks, gluon_long_blocks, gluon_land_ring,
+    gluon_land_apart, in that order); the cost rule's fewest blocks a run (fewest_blocks, in the plan's
+    block_n-position blocks) counted in the chosen blocks; whether an fp8 cache lands in a zone of its own
+    (land_apart) and how many blocks at a time (land_slots).
+
+    sizes: the plan's block sizes by name (block_m, block_n, short_block_n, short_stages, long_block_n,
+    long_stages, land_rows, land_ring_slots, land_ring_stages, land_apart_block_n, land_apart_stages).
+
+    Long blocks keep the cost rule's positions a run (fewest_blocks * block_n / long_block_n, rounded up). Short
+    blocks (the latency regime's) and 32-position blocks landing apart count their own blocks: their runs may be
+    half as long in positions, as they were measured (see gluon_short_blocks, gluon_land_apart).
+    """
+    block_n, registers, _ = config
+    common = dict(fp8_cache=fp8_cache, config_given=config_given)
+    if gluon_short_blocks(narrow=narrow, batch_size=batch_size, num_parts=num_parts, small_batch=small_batch, **common):
+        return (sizes["short_block_n"], registers, sizes["short_stages"]), fewest_blocks, False, 1
+    if gluon_long_blocks(
+        row_blocks=cdiv(query_rows, sizes["block_m"]),
+        narrow=narrow,
+        batch_size=batch_size,
+        small_batch=small_batch,
+        page_size=page_size,
+        block_n=sizes["block_n"],
+        long_block_n=sizes["long_block_n"],
+        **common,
+    ):
+        fewest_long = cdiv(fewest_blocks * sizes["block_n"], sizes["long_block_n"])
+        return (sizes["long_block_n"], registers, sizes["long_stages"]), fewest_long, False, 1
+    if gluon_land_ring(
+        query_rows=query_rows,
+        block_m=sizes["block_m"],
+        page_size=page_size,
+        block_n=block_n,
+        ring_slots=sizes["land_ring_slots"],
+        **common,
+    ):
+        # (land_apart where the query fills the tile: the ring is then beside it, not in its lower half)
+        return (
+            (block_n, registers, sizes["land_ring_stages"]),
+            fewest_blocks,
+            query_rows > sizes["land_rows"],
+            sizes["land_ring_slots"],
+        )
+    if gluon_land_apart(
+        query_rows=query_rows,
+        land_rows=sizes["land_rows"],
+        block_m=sizes["block_m"],
+        page_size=page_size,
+        block_n=sizes["land_apart_block_n"],
+        **common,
+    ):
+        return (sizes["land_apart_block_n"], registers, sizes["land_apart_stages"]), fewest_blocks, True, 1
+    return config, fewest_blocks, False, 1
+
+
 def check_decode_config(config):
     """(block_n, num_warps, num_stages) as a tuple of ints a launch can take, else a ValueError naming it."""
     ok = (

@@ -282,6 +282,54 @@ def test_gluon_land_ring_for_fp8_caches_of_one_row_block_where_two_slots_fit_unl
     assert lp.gluon_land_ring(query_rows=32, **{**common, "config_given": True}) is False
 
 
+PLAN_BLOCK_SIZES = dict(
+    block_m=64,
+    block_n=64,
+    short_block_n=32,
+    short_stages=3,
+    long_block_n=128,
+    long_stages=2,
+    land_rows=32,
+    land_ring_slots=2,
+    land_ring_stages=2,
+    land_apart_block_n=32,
+    land_apart_stages=4,
+)
+
+
+def test_gluon_blocks_chooses_in_one_place_and_counts_long_runs_in_positions():
+    tuned = (64, 168, 2)
+    common = dict(
+        fewest_blocks=5,
+        sizes=PLAN_BLOCK_SIZES,
+        narrow=0,
+        small_batch=8,
+        fp8_cache=False,
+        page_size=64,
+        config_given=False,
+    )
+    large = dict(common, batch_size=128, num_parts=132)
+    # two row blocks of a large batch, 16-bit cache: long blocks, the cost rule's 320 positions in 128-blocks
+    assert lp.gluon_blocks(tuned, query_rows=128, **large) == ((128, 168, 2), 3, False, 1)
+    assert lp.gluon_blocks(tuned, query_rows=128, **{**large, "fewest_blocks": 1}) == ((128, 168, 2), 1, False, 1)
+    assert lp.gluon_blocks(tuned, query_rows=64, **large) == (tuned, 5, False, 1)  # one row block keeps its blocks
+    # short runs of a small batch: short blocks, counted in their own blocks (as measured)
+    small = dict(common, batch_size=1, num_parts=66)
+    assert lp.gluon_blocks(tuned, query_rows=128, **small) == ((32, 168, 3), 5, False, 1)
+    # an fp8 cache: the landing ring in the query tile's lower half, beside a query that fills it, or one block apart
+    fp8 = dict(large, fp8_cache=True)
+    assert lp.gluon_blocks(tuned, query_rows=32, **fp8) == ((64, 168, 2), 5, False, 2)
+    assert lp.gluon_blocks(tuned, query_rows=64, **fp8) == ((64, 168, 2), 5, True, 2)
+    no_ring = {**PLAN_BLOCK_SIZES, "land_ring_slots": 1}  # Dc 512
+    assert lp.gluon_blocks(tuned, query_rows=64, **{**fp8, "sizes": no_ring}) == ((32, 168, 4), 5, True, 1)
+    assert lp.gluon_blocks(tuned, query_rows=32, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
+    assert lp.gluon_blocks(tuned, query_rows=128, **fp8) == (tuned, 5, False, 1)  # rows loaded by the converter
+    # a configuration given by the caller is run as given
+    given = (64, 200, 2)
+    for kwargs in (large, small, fp8):
+        assert lp.gluon_blocks(given, query_rows=128, **{**kwargs, "config_given": True}) == (given, 5, False, 1)
+
+
 def test_combine_step_runs_fewer_for_two_warp_programs_in_crowded_grids():
     # the skewed Sq4 batch: (1, 64), 2048 programs of 2 warps: 64 runs a step (45.4 against 47.1 us with 128)
     assert lp.combine_step_runs_for_warps(128, (1, 64), 2, 2048, 132) == 64
