@@ -26,7 +26,8 @@ those hints (decode_keep_partials, forced here either way), in turn, twice.
 --blocks: the Gluon kernel's default schedule with 32-position cache blocks in a ring of 3 and with its tuned
 blocks and stages (gluon_short_blocks, forced here either way), in turn, twice.
 
---minblocks: the Gluon kernel's default schedule with the plan's fewest cache blocks a run, then 3, 8 and 10.
+--minblocks: the Gluon kernel's default schedule with the plan's fewest cache blocks a run and with 10 (with
+short blocks, the cost rule's positions a run), in turn, twice; then 3 and 8.
 
 --thread-steps: auto's schedule with the combine's runs a step as combine_step_runs_for_warps sets them and
 as the tile's (the rule off), in turn, twice.
@@ -176,7 +177,8 @@ def run_case(
     elif mode == "thread_steps":  # the combine's runs a step by combine_step_runs_for_warps, or the tile's
         knobs_list = [dict(thread_steps=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "minblocks":  # the Gluon kernel's default schedule with fewer or more cache blocks a run at least
-        knobs_list = [dict(backend="gluon", merge="kernel", min_blocks_per_part=m) for m in (None, 3, 8, 10)]
+        fewest = [m for _ in range(2) for m in (None, 10)] + [3, 8]
+        knobs_list = [dict(backend="gluon", merge="kernel", min_blocks_per_part=m) for m in fewest]
     elif mode == "steps":  # the combine's runs a step scaled, every tile (the launch policy chooses among them)
         knobs_list = [dict(merge="kernel", step_scale=k) for _ in range(2) for k in step_scales]
     elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
@@ -281,7 +283,9 @@ def main() -> int:
     parser.add_argument("--partials", action="store_true", help="partial rows in float32 against the output's dtype")
     parser.add_argument("--keep", action="store_true", help="partial rows kept in L2 by cache hints or not")
     parser.add_argument("--blocks", action="store_true", help="the Gluon kernel's short cache blocks or its tuned ones")
-    parser.add_argument("--minblocks", action="store_true", help="the Gluon kernel with 3, 8, 10 blocks a run at least")
+    parser.add_argument(
+        "--minblocks", action="store_true", help="the Gluon kernel with the plan's, 10, 3, 8 blocks a run at least"
+    )
     parser.add_argument(
         "--thread-steps", action="store_true", help="the combine's runs a step by combine_step_runs_for_warps or not"
     )

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Device calls (H100, 2026-11-26, thirteenth session) on the Gluon block choice gathered into one launch-policy
+# function (launch_policy.gluon_blocks; the schedules are the same as before for every bundled spec, checked on
+# the CPU):
+#   bash benchmarks/device_session13.sh a   the GPU tests of every block choice (long, short, landing ring,
+#                                           landing apart, row loading) and the fp8 decode; the main bench_decode
+#                                           cases, bf16 beside fp8
+#   bash benchmarks/device_session13.sh b   issue 11's latency cases (graph replay, both caches); the short blocks'
+#                                           fewest blocks a run: the plan's 5 against 10 (the cost rule's positions)
+# (after the .whl install line)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+case "${1:-a}" in
+a)
+  timeout 260 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
+    "long_and_tuned or short_and_tuned or landing_apart or landing_ring or two_row_blocks or fp8_decode" \
+    2>&1 | tail -15 | tee "$OUT/pytest.log"
+  timeout 300 python3 benchmarks/bench_decode.py --out "$OUT/main" --caches bf16,fp8 --backends gluon \
+    --only "H16 B128 S8192 Sq1 fix,H16 B64 S32768,Mistral,H128 B128 S8192 Sq1 fix" \
+    2>&1 | tee "$OUT/bench_main.log" | grep -v "^#"
+  ;;
+b)
+  timeout 280 python3 benchmarks/bench_decode.py --out "$OUT/latency" --caches bf16,fp8 \
+    --only "H16 B1 S8192 graph,H16 B8 S8192 graph,skewed4,H128 B1 S8192 graph" 2>&1 \
+    | tee "$OUT/bench_latency.log" | grep -v "^#"
+  timeout 250 python3 benchmarks/latency_probe.py --minblocks --only "B1 H128,Sq4" 2>&1 \
+    | tee "$OUT/minblocks.log" | grep -v "^#"
+  ;;
+esac
