@@ -5,6 +5,8 @@
 #   bash benchmarks/device_session13.sh a   the GPU tests of every block choice (long, short, landing ring,
 #                                           landing apart, row loading) and the fp8 decode; the main bench_decode
 #                                           cases, bf16 beside fp8
+#   bash benchmarks/device_session13.sh c   the fp8 landing policy on or off in the latency regime (latency_probe.py
+#                                           --cache fp8 --landing: the skewed Sq4 batch, Mistral-Small-4 B8)
 #   bash benchmarks/device_session13.sh b   issue 11's latency cases (graph replay, both caches); the short blocks'
 #                                           fewest blocks a run: the plan's 5 against 10 (the cost rule's positions)
 # (after the .whl install line)
@@ -27,3 +29,9 @@ b)
     | tee "$OUT/minblocks.log" | grep -v "^#"
   ;;
 esac
+# c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
+# Mistral-Small-4 B8) against the tuned blocks, graph-replayed
+if [ "${1:-a}" = c ]; then
+  timeout 280 python3 benchmarks/latency_probe.py --cache fp8 --landing --only "Sq4,Mistral" 2>&1 \
+    | tee "$OUT/landing_latency.log" | grep -v "^#"
+fi

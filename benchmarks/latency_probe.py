@@ -1,10 +1,11 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets).
 
-    python benchmarks/latency_probe.py [--only NAME,...]
+    python benchmarks/latency_probe.py [--only NAME,...] [--cache bf16|fp8]
         [--quick | --tiles | --parts | --runs | --steps [--step-scales 1,2,4] | --partials | --keep | --blocks
-         | --minblocks | --thread-steps]
+         | --minblocks | --thread-steps | --landing]
 
-For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64, bf16)
+For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64; a bf16
+cache, or an fp8 one of the same geometry with --cache fp8)
 and each schedule of a small sweep (backend x merge x split-KV runs x fewest blocks a run), prints the
 CUDA-graph replay median, each kernel's device time (torch profiler, eager calls) and the check against the
 fp32 reference: outputs are NaN-poisoned before the checked call and again before one replay of the timed
@@ -31,6 +32,10 @@ short blocks, the cost rule's positions a run), in turn, twice; then 3 and 8.
 
 --thread-steps: auto's schedule with the combine's runs a step as combine_step_runs_for_warps sets them and
 as the tile's (the rule off), in turn, twice.
+
+--landing (with --cache fp8): the Gluon kernel's default schedule with the landing policy as it is (a landing
+ring or zone apart where gluon_land_ring / gluon_land_apart take the launch) and with both off (the tuned blocks:
+one block landing in the query tile's lower half, or rows loaded by the converter), in turn, twice.
 """
 
 from __future__ import annotations
@@ -71,6 +76,7 @@ CASES = [
     Case("B8 H16", v3_spec(16), 16, [8192] * 8, graph=True),
     Case("B1 H128", v3_spec(128), 128, [8192], graph=True),
     Case("B8 H128", v3_spec(128), 128, [8192] * 8, graph=True),
+    Case("Mistral-S4 B8", "mistral-small-4", 32, [8192] * 8, graph=True),
 ]
 
 
@@ -149,10 +155,16 @@ def sweep_for(case: Case, module, sms: int) -> list[dict]:
 
 
 def run_case(
-    case: Case, tmp: Path, gen: torch.Generator, sms: int, mode: str, step_scales: tuple[float, ...] = (1, 2, 4)
+    case: Case,
+    tmp: Path,
+    gen: torch.Generator,
+    sms: int,
+    mode: str,
+    step_scales: tuple[float, ...] = (1, 2, 4),
+    cache: str = "bf16",
 ) -> list[str]:
-    module = module_for(case.spec, case.num_heads, tmp)
-    q, kv, table, lens, _ = make_inputs(module, case.seqlens, case.seqlen_q, gen)
+    module = module_for(case.spec, case.num_heads, tmp, cache)
+    q, kv, table, lens, kv_scale = make_inputs(module, case.seqlens, case.seqlen_q, gen)
     batch = len(case.seqlens)
     nbytes, _ = bytes_and_flops(module, case.seqlens, case.seqlen_q)
     lines = []
@@ -176,6 +188,8 @@ def run_case(
         knobs_list = [dict(backend="gluon", merge="kernel", short=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "thread_steps":  # the combine's runs a step by combine_step_runs_for_warps, or the tile's
         knobs_list = [dict(thread_steps=flag) for _ in range(2) for flag in (1, 0)]
+    elif mode == "landing":  # the fp8 landing policy as it is, or off (the tuned blocks)
+        knobs_list = [dict(backend="gluon", merge="kernel", landing=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "minblocks":  # the Gluon kernel's default schedule with fewer or more cache blocks a run at least
         fewest = [m for _ in range(2) for m in (None, 10)] + [3, 8]
         knobs_list = [dict(backend="gluon", merge="kernel", min_blocks_per_part=m) for m in fewest]
@@ -191,6 +205,7 @@ def run_case(
         forced_keep = knobs.pop("keep", None)
         forced_short = knobs.pop("short", None)
         forced_thread_steps = knobs.pop("thread_steps", None)
+        landing = knobs.pop("landing", 1)
         step_scale = knobs.pop("step_scale", 1)
         try:
             tiles = module.DECODE_COMBINE_TILES
@@ -228,7 +243,14 @@ def run_case(
                     if forced_thread_steps == 0
                     else nullcontext()
                 )
-                with forced, forced_dtype, forced_hints, forced_blocks, tile_steps:
+                landing_off = (
+                    nullcontext()
+                    if landing
+                    else patch.multiple(
+                        module, gluon_land_apart=lambda **kwargs: False, gluon_land_ring=lambda **kwargs: False
+                    )
+                )
+                with forced, forced_dtype, forced_hints, forced_blocks, tile_steps, landing_off:
                     schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
             finally:
                 module.DECODE_COMBINE_TILES = tiles
@@ -239,15 +261,17 @@ def run_case(
         lse = torch.empty((batch, module.NUM_HEADS, case.seqlen_q), dtype=torch.float32, device="cuda")
 
         def call(schedule=schedule, out=out, lse=lse):
-            return module.mla_decode(q, kv, table, lens, schedule=schedule, out=out, lse=lse, return_lse=True)
+            return module.mla_decode(
+                q, kv, table, lens, kv_scale=kv_scale, schedule=schedule, out=out, lse=lse, return_lse=True
+            )
 
         try:
-            msg = checked_call(module, call, (q, kv, table, lens, None), max(case.seqlens), out, lse)
+            msg = checked_call(module, call, (q, kv, table, lens, kv_scale), max(case.seqlens), out, lse)
             graph, _ = capture_graph(call)
             graph_us = median_ms(lambda graph=graph: [graph.replay() for _ in range(20)], rep=60) * 1e3 / 20
             # the timed graph's own result, on poisoned outputs
             msg = msg or checked_call(
-                module, graph.replay, (q, kv, table, lens, None), max(case.seqlens), out, lse, replayed=True
+                module, graph.replay, (q, kv, table, lens, kv_scale), max(case.seqlens), out, lse, replayed=True
             )
             times = kernel_times(call)
         except Exception as error:  # noqa: BLE001 - a schedule that fails is reported, not fatal
@@ -256,7 +280,9 @@ def run_case(
         cfg = (
             f"{schedule.backend} {schedule.merge} m{schedule.block_m} n{schedule.config[0]} s{schedule.config[2]} "
             f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''}"
-            f"{' sequence-runs' if schedule.sequence_runs else ''} "
+            f"{' sequence-runs' if schedule.sequence_runs else ''}"
+            f"{' land-apart' if schedule.land_apart else ''}"
+            f"{f' land-slots {schedule.land_slots}' if kv_scale is not None else ''} "
             f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
             f"{f' steps x{step_scale}' if step_scale != 1 else ''}"
             f" partials {str(schedule.partial_dtype).removeprefix('torch.')}{' kept' if schedule.keep_partials else ''}"
@@ -289,7 +315,11 @@ def main() -> int:
     parser.add_argument(
         "--thread-steps", action="store_true", help="the combine's runs a step by combine_step_runs_for_warps or not"
     )
+    parser.add_argument("--cache", choices=("bf16", "fp8"), default="bf16", help="the latent cache's storage")
+    parser.add_argument("--landing", action="store_true", help="(fp8) the landing policy as it is, or off")
     args = parser.parse_args()
+    if args.landing and args.cache != "fp8":
+        parser.error("--landing: the landing policy is an fp8 cache's; add --cache fp8")
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
         f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='minutes')}",
@@ -317,12 +347,14 @@ def main() -> int:
                         "blocks",
                         "minblocks",
                         "thread_steps",
+                        "landing",
                     )
                     if getattr(args, name)
                 ),
                 "",
             )
-            lines += run_case(case, Path(tmp), gen, sms, mode, tuple(float(x) for x in args.step_scales.split(",")))
+            step_scales = tuple(float(x) for x in args.step_scales.split(","))
+            lines += run_case(case, Path(tmp), gen, sms, mode, step_scales, args.cache)
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]
     print(f"\n{len(lines)} rows, {len(failed)} failed")
