@@ -5,10 +5,12 @@
 #   bash benchmarks/device_session13.sh a   the GPU tests of every block choice (long, short, landing ring,
 #                                           landing apart, row loading) and the fp8 decode; the main bench_decode
 #                                           cases, bf16 beside fp8
-#   bash benchmarks/device_session13.sh c   the fp8 landing policy on or off in the latency regime (latency_probe.py
-#                                           --cache fp8 --landing: the skewed Sq4 batch, Mistral-Small-4 B8)
 #   bash benchmarks/device_session13.sh b   issue 11's latency cases (graph replay, both caches); the short blocks'
 #                                           fewest blocks a run: the plan's 5 against 10 (the cost rule's positions)
+#   bash benchmarks/device_session13.sh c   the fp8 landing policy on or off in the latency regime (latency_probe.py
+#                                           --cache fp8 --landing: the skewed Sq4 batch, Mistral-Small-4 B8)
+#   bash benchmarks/device_session13.sh d   landing apart only beyond the small batches: its GPU test, the fp8
+#                                           latency cases, 64 query rows at B16 / B32 / B128 (variant no_apart)
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -29,6 +31,16 @@ b)
     | tee "$OUT/minblocks.log" | grep -v "^#"
   ;;
 esac
+# d: landing apart only beyond the small batches (gluon_land_apart): its GPU test; the latency cases with an fp8
+# cache; 64 query rows at B16 / B32 / B128 landing apart against rows loaded (variant no_apart)
+if [ "${1:-a}" = d ]; then
+  timeout 200 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "landing_apart" 2>&1 | tail -5 \
+    | tee "$OUT/pytest_apart.log"
+  timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/latency" --caches bf16,fp8 --backends gluon \
+    --only "skewed4,H128 B1 S8192 graph" 2>&1 | tee "$OUT/bench_latency.log" | grep "^|"
+  timeout 180 python3 benchmarks/fp8_converter_variants.py --only "H64" --variants no_apart --out "$OUT/apart" 2>&1 \
+    | tee "$OUT/apart.log" | grep "^|"
+fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
 if [ "${1:-a}" = c ]; then

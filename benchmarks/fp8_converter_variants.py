@@ -391,8 +391,8 @@ VARIANTS = {
         "zone of their own",
         [
             (
-                "return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given",
-                "return False",
+                "        fp8_cache\n        and land_rows < query_rows <= block_m\n",
+                "        False\n        and land_rows < query_rows <= block_m\n",
             )
         ],
     ),
@@ -406,8 +406,8 @@ VARIANTS = {
         "64-position blocks loaded row by row",
         [
             (
-                "return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given",
-                "return fp8_cache and land_rows < query_rows and page_size >= block_n and not config_given",
+                "        and land_rows < query_rows <= block_m\n",
+                "        and land_rows < query_rows\n",
             ),
         ],
     ),
@@ -416,8 +416,8 @@ VARIANTS = {
         "own) instead of in the query tile's lower half with 64-position stages",
         [
             (
-                "return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given",
-                "return fp8_cache and land_rows <= query_rows <= block_m and page_size >= block_n and not config_given",
+                "        and land_rows < query_rows <= block_m\n",
+                "        and land_rows <= query_rows <= block_m\n",
             ),
         ],
     ),
@@ -650,6 +650,9 @@ VARIANTS = {
 CASES = [
     ("H128 B128 S8192", "deepseek-v3-tp1", 128, [8192] * 128),
     ("H64 B128 S8192", "deepseek-v3-tp2", 64, [8192] * 128),
+    # 64 query rows in smaller batches: where landing apart starts to pay (launch_policy.gluon_land_apart)
+    ("H64 B32 S8192", "deepseek-v3-tp2", 64, [8192] * 32),
+    ("H64 B16 S8192", "deepseek-v3-tp2", 64, [8192] * 16),
     ("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
     ("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64),
     ("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128),

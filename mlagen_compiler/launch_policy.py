@@ -311,11 +311,14 @@ def gluon_long_blocks(
     )
 
 
-def gluon_land_apart(*, query_rows, land_rows, block_m, fp8_cache, page_size, block_n, config_given):
+def gluon_land_apart(
+    *, query_rows, land_rows, block_m, batch_size, small_batch, fp8_cache, page_size, block_n, config_given
+):
     """Whether a Gluon launch with an fp8 cache streams it in the landing producer's short blocks with a landing
     zone of its own (block_n positions a block: the plan's land_apart_block_n, in land_apart_stages stages):
     more query rows (Sq * H) than land_rows, the query tile's half that the landing zone takes otherwise, but
-    one row block (at most block_m), pages holding whole blocks (TMA boxes) and no configuration given. Short
+    one row block (at most block_m), more than small_batch sequences, pages holding whole blocks (TMA boxes) and
+    no configuration given. Short
     blocks leave room for one block's fp8 boxes beside the query tile and the 16-bit stages; TMA lands them a
     block ahead of their conversion, as where the query takes half the tile. Otherwise each block's rows are
     loaded into the converting warps' registers, which the softmax warpgroup then spills.
@@ -324,9 +327,17 @@ def gluon_land_apart(*, query_rows, land_rows, block_m, fp8_cache, page_size, bl
     fp8_converter_variants.py): H64 B128 S8192 397.1 us against 439.1 with 64-position blocks loaded row by
     row (bf16 425.1). Not taken with more row blocks: H128 B128 S8192, compute-bound, ran 794.2 against 789.0
     (bf16 548.5), since 32-position blocks cost its MMAs more (bf16 at 32 positions: 657.9 against 549.9,
-    2026-11-23) than the landing saves.
+    2026-11-23) than the landing saves. Not taken by small batches, whose runs are short: lengths [4641, 45118,
+    1730, 1696] at H16 Sq4 (64 rows, graph-replayed, 2026-11-26) 77.3-78.0 us landing apart against 46.8 with
+    the rows loaded by the converter (bf16 43.2; latency_probe.py --cache fp8 --landing).
     """
-    return fp8_cache and land_rows < query_rows <= block_m and page_size >= block_n and not config_given
+    return (
+        fp8_cache
+        and land_rows < query_rows <= block_m
+        and batch_size > small_batch
+        and page_size >= block_n
+        and not config_given
+    )
 
 
 def gluon_land_ring(*, query_rows, block_m, fp8_cache, page_size, block_n, ring_slots, config_given):
@@ -407,6 +418,8 @@ def gluon_blocks(
         query_rows=query_rows,
         land_rows=sizes["land_rows"],
         block_m=sizes["block_m"],
+        batch_size=batch_size,
+        small_batch=small_batch,
         page_size=page_size,
         block_n=sizes["land_apart_block_n"],
         **common,

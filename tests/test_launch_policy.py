@@ -259,8 +259,19 @@ def test_gluon_long_blocks_for_two_row_blocks_of_large_batches_with_a_16_bit_cac
 
 
 def test_gluon_land_apart_for_fp8_caches_whose_query_fills_one_row_block_unless_configured():
-    common = dict(land_rows=32, block_m=64, fp8_cache=True, page_size=64, block_n=32, config_given=False)
+    common = dict(
+        land_rows=32,
+        block_m=64,
+        batch_size=128,
+        small_batch=8,
+        fp8_cache=True,
+        page_size=64,
+        block_n=32,
+        config_given=False,
+    )
     assert lp.gluon_land_apart(query_rows=64, **common) is True  # H64 Sq1, H16 Sq4
+    assert lp.gluon_land_apart(query_rows=64, **{**common, "batch_size": 8}) is False  # short runs: rows loaded
+    assert lp.gluon_land_apart(query_rows=64, **{**common, "batch_size": 9}) is True
     assert lp.gluon_land_apart(query_rows=48, **common) is True  # H16 Sq3
     assert lp.gluon_land_apart(query_rows=32, **common) is False  # lands in the query tile's lower half
     assert lp.gluon_land_apart(query_rows=128, **common) is False  # H128: two row blocks, compute-bound
@@ -324,6 +335,9 @@ def test_gluon_blocks_chooses_in_one_place_and_counts_long_runs_in_positions():
     assert lp.gluon_blocks(tuned, query_rows=64, **{**fp8, "sizes": no_ring}) == ((32, 168, 4), 5, True, 1)
     assert lp.gluon_blocks(tuned, query_rows=32, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
     assert lp.gluon_blocks(tuned, query_rows=128, **fp8) == (tuned, 5, False, 1)  # rows loaded by the converter
+    few = dict(fp8, batch_size=4)  # a small batch: no zone apart, but the ring where it fits
+    assert lp.gluon_blocks(tuned, query_rows=64, **{**few, "sizes": no_ring}) == (tuned, 5, False, 1)
+    assert lp.gluon_blocks(tuned, query_rows=64, **few) == ((64, 168, 2), 5, True, 2)
     # a configuration given by the caller is run as given
     given = (64, 200, 2)
     for kwargs in (large, small, fp8):
