@@ -10,7 +10,10 @@
 #   bash benchmarks/device_session13.sh c   the fp8 landing policy on or off in the latency regime (latency_probe.py
 #                                           --cache fp8 --landing: the skewed Sq4 batch, Mistral-Small-4 B8)
 #   bash benchmarks/device_session13.sh d   landing apart only beyond the small batches: its GPU test, the fp8
-#                                           latency cases, 64 query rows at B16 / B32 / B128 (variant no_apart)
+#                                           latency cases, 64 query rows at B16 / B32 / B128 (variant no_apart, a
+#                                           variant removed with landing apart itself, after this call)
+#   bash benchmarks/device_session13.sh e   landing apart dropped: the fp8 GPU tests, auto at 64 query rows, the
+#                                           landing producer against rows loaded where it stays (variant convert)
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -40,6 +43,18 @@ if [ "${1:-a}" = d ]; then
     --only "skewed4,H128 B1 S8192 graph" 2>&1 | tee "$OUT/bench_latency.log" | grep "^|"
   timeout 180 python3 benchmarks/fp8_converter_variants.py --only "H64" --variants no_apart --out "$OUT/apart" 2>&1 \
     | tee "$OUT/apart.log" | grep "^|"
+fi
+# e: the 32-position blocks landing apart dropped (gluon_blocks): the GPU tests of every fp8 producer; auto on
+# 64 query rows at Dc 512 (H64 B128, the skewed Sq4 batch); the landing producer against rows loaded (variant
+# convert) where it stays: 16 and 32 query rows at Dc 512, 64 (the ring) and 32 at Dc 256
+if [ "${1:-a}" = e ]; then
+  timeout 260 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
+    "query_filling or landing_ring or two_row_blocks or fp8_decode or (narrow_and_wide and float8)" 2>&1 | tail -5 \
+    | tee "$OUT/pytest_fp8.log"
+  timeout 150 python3 benchmarks/bench_decode.py --out "$OUT/auto" --caches bf16,fp8 --backends gluon \
+    --only "H64 B128 S8192 Sq1 fix,skewed4 Sq4" 2>&1 | tee "$OUT/bench_auto.log" | grep "^|"
+  timeout 170 python3 benchmarks/fp8_converter_variants.py --only "H16 B128,H32 B128,Dc256 H64,Mistral" \
+    --variants convert --out "$OUT/convert" 2>&1 | tee "$OUT/convert.log" | grep "^|"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed

@@ -385,41 +385,10 @@ VARIANTS = {
             )
         ],
     ),
-    "no_apart": (
-        "more query rows than half the tile in one row block (H64) as before 2026-11-26: 64-position blocks loaded "
-        "row by row by the converting producer, instead of the landing producer's 32-position blocks landed in a "
-        "zone of their own",
-        [
-            (
-                "        fp8_cache\n        and land_rows < query_rows <= block_m\n",
-                "        False\n        and land_rows < query_rows <= block_m\n",
-            )
-        ],
-    ),
     "apart_noconv": (
         "probe, wrong output by design: the landing converter stores nothing (no loads, no conversion; the "
         "handshakes and the rope kept), to show what bounds the landing producer (H128 landing apart, H16)",
         [("k_c.slice(g * GROUP, GROUP, dim=0).store(boxes.to(gl.float16))", "pass")],
-    ),
-    "apart_tall": (
-        "two or more row blocks (H128) land apart too (32-position stages, a landing zone of their own) instead of "
-        "64-position blocks loaded row by row",
-        [
-            (
-                "        and land_rows < query_rows <= block_m\n",
-                "        and land_rows < query_rows\n",
-            ),
-        ],
-    ),
-    "apart32": (
-        "32 query rows (Mistral-Small-4 H32, H16 Sq2) land apart too (32-position stages, a landing zone of its "
-        "own) instead of in the query tile's lower half with 64-position stages",
-        [
-            (
-                "        and land_rows < query_rows <= block_m\n",
-                "        and land_rows <= query_rows <= block_m\n",
-            ),
-        ],
     ),
     "s1": (
         "probe: one 16-bit stage instead of the tuned two (a block's conversion waits for the MMAs of the block "
@@ -597,17 +566,6 @@ VARIANTS = {
         )
         for slots in (1, 2, 3, 4)
     },
-    "apart_short": (
-        "where the query fills the tile, landing apart in 32-position blocks beside the plan's short-block stages, one "
-        "block landing at a time, even where the ring fits (the form before 2026-11-26's eleventh session; measured "
-        "as the variants apart_ring2 / apart_ring3 of the ring then: 184.0 / 185.1 against 237.2 us at Dc 256 H64)",
-        [
-            (
-                'if gluon_land_ring(\n        query_rows=query_rows,\n        block_m=sizes["block_m"],',
-                'if gluon_land_ring(\n        query_rows=query_rows,\n        block_m=sizes["land_rows"],',
-            )
-        ],
-    ),
     "ring_rows": (
         "the landing ring for two or more row blocks too (each row block's program lands its blocks in a ring of its "
         "own, its query filling the tile), where the launch policy gives them the row-loading converter",
@@ -650,13 +608,14 @@ VARIANTS = {
 CASES = [
     ("H128 B128 S8192", "deepseek-v3-tp1", 128, [8192] * 128),
     ("H64 B128 S8192", "deepseek-v3-tp2", 64, [8192] * 128),
-    # 64 query rows in smaller batches: where landing apart starts to pay (launch_policy.gluon_land_apart)
     ("H64 B32 S8192", "deepseek-v3-tp2", 64, [8192] * 32),
     ("H64 B16 S8192", "deepseek-v3-tp2", 64, [8192] * 16),
+    # 32 query rows at Dc 512 (one block landing in the query tile's lower half)
+    ("H32 B128 S8192", "deepseek-v3-tp4", 32, [8192] * 128),
     ("H16 B128 S8192", "deepseek-v3-tp8", 16, [8192] * 128),
     ("H16 B64 S32768", "deepseek-v3-tp8", 16, [32768] * 64),
     ("Mistral-S4 H32 B128 S8192", "mistral-small-4", 32, [8192] * 128),
-    # Dc 256 with 16 query rows (the narrow form) and with 64 (landing apart)
+    # Dc 256 with 16 query rows (the narrow form) and with 64 (the query fills the tile)
     ("Dc256 H16 B128 S8192", "mistral-small-4", 16, [8192] * 128),
     ("Dc256 H64 B128 S8192", "mistral-small-4", 64, [8192] * 128),
     # Dc 256 with two row blocks (as Mistral-Small-4 at Sq 4)

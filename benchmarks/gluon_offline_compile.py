@@ -58,7 +58,8 @@ def compile_offline(
     long_blocks: bool = False,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers. An fp8
-    module's landing producer with more query rows than half the tile lands apart, in short blocks. long_blocks:
+    module's landing producer with more query rows than half the tile lands apart: beside the query tile in its
+    landing ring (older modules: in short blocks). long_blocks:
     the long blocks of gluon_long_blocks (a 16-bit cache; pages of the module's size)."""
     from triton.experimental.gluon import language as gl
     from triton.runtime.driver import driver
@@ -109,10 +110,15 @@ def compile_offline(
                 raise ValueError(f"long_blocks: {module_path} has no long blocks (Dc 512, or an fp8 cache)")
             block_n, stages = module.DECODE_GLUON_LONG_BLOCK_N, module.DECODE_GLUON_LONG_BLOCK_STAGES
             producer = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows, 0, block_n)[0]
-        # (what gluon_land_apart plans for such rows, forced with --producer land)
+        # (a query filling the tile lands apart: in the landing ring beside it, gluon_land_ring; modules before
+        # 2026-11-26's thirteenth session: in 32-position blocks, gluon_land_apart; forced with --producer land)
         land_apart = producer == "land" and rows > module.DECODE_GLUON_LAND_ROWS
+        apart_blocks = hasattr(module, "DECODE_GLUON_LAND_APART_BLOCK_N")
+        if land_apart and not apart_blocks and module.DECODE_GLUON_LAND_RING_SLOTS < 2:
+            raise ValueError(f"--producer land with {rows} query rows: {module_path} has no landing ring (Dc 512)")
         if land_apart:
-            block_n, stages = module.DECODE_GLUON_LAND_APART_BLOCK_N, module.DECODE_GLUON_LAND_APART_STAGES
+            if apart_blocks:
+                block_n, stages = module.DECODE_GLUON_LAND_APART_BLOCK_N, module.DECODE_GLUON_LAND_APART_STAGES
             narrow_form["LAND_APART"] = True
             narrow_form["LAND_PIECES"] = module.DECODE_GLUON_LAND_APART_PIECES
         elif "LAND_APART" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 2292396)
@@ -122,7 +128,8 @@ def compile_offline(
         if "LAND_SLOTS" in module._mla_decode_gluon_kernel.arg_names:  # (modules with a landing ring)
             # (what gluon_land_ring plans where the query takes the tile's upper half)
             if land_slots is None:
-                land_slots = module.DECODE_GLUON_LAND_RING_SLOTS if producer == "land" and not land_apart else 1
+                ring = producer == "land" and not (land_apart and apart_blocks)
+                land_slots = module.DECODE_GLUON_LAND_RING_SLOTS if ring else 1
             narrow_form["LAND_SLOTS"] = land_slots
             if land_slots > 1:
                 stages = module.DECODE_GLUON_LAND_RING_STAGES

@@ -311,46 +311,18 @@ def gluon_long_blocks(
     )
 
 
-def gluon_land_apart(
-    *, query_rows, land_rows, block_m, batch_size, small_batch, fp8_cache, page_size, block_n, config_given
-):
-    """Whether a Gluon launch with an fp8 cache streams it in the landing producer's short blocks with a landing
-    zone of its own (block_n positions a block: the plan's land_apart_block_n, in land_apart_stages stages):
-    more query rows (Sq * H) than land_rows, the query tile's half that the landing zone takes otherwise, but
-    one row block (at most block_m), more than small_batch sequences, pages holding whole blocks (TMA boxes) and
-    no configuration given. Short
-    blocks leave room for one block's fp8 boxes beside the query tile and the 16-bit stages; TMA lands them a
-    block ahead of their conversion, as where the query takes half the tile. Otherwise each block's rows are
-    loaded into the converting warps' registers, which the softmax warpgroup then spills.
-
-    Measured on the H100 (2026-11-26, fp8 against bf16 in one process, every row checked;
-    fp8_converter_variants.py): H64 B128 S8192 397.1 us against 439.1 with 64-position blocks loaded row by
-    row (bf16 425.1). Not taken with more row blocks: H128 B128 S8192, compute-bound, ran 794.2 against 789.0
-    (bf16 548.5), since 32-position blocks cost its MMAs more (bf16 at 32 positions: 657.9 against 549.9,
-    2026-11-23) than the landing saves. Not taken by small batches, whose runs are short: lengths [4641, 45118,
-    1730, 1696] at H16 Sq4 (64 rows, graph-replayed, 2026-11-26) 77.3-78.0 us landing apart against 46.8 with
-    the rows loaded by the converter (bf16 43.2; latency_probe.py --cache fp8 --landing).
-    """
-    return (
-        fp8_cache
-        and land_rows < query_rows <= block_m
-        and batch_size > small_batch
-        and page_size >= block_n
-        and not config_given
-    )
-
-
 def gluon_land_ring(*, query_rows, block_m, fp8_cache, page_size, block_n, ring_slots, config_given):
     """Whether a Gluon launch with an fp8 cache and one row block of query rows (at most block_m) lands ring_slots
     blocks of block_n positions at a time in a ring of its own (the plan's land_ring_slots, beside its
     land_ring_stages 16-bit stages), whether the query takes the tile's upper half or all of it: where two or
     more slots fit beside the whole query tile (Dc 256), pages hold whole blocks, and no configuration is given.
-    Otherwise one block lands at a time: in the query tile's lower half, or (gluon_land_apart) in 32-position
-    blocks beside a query that fills the tile; the next block's boxes are then issued only once the block before
-    has been converted out of the zone. Measured on the H100 (2026-11-26, fp8, Dc 256, B128 S8192,
-    fp8_converter_variants.py; plan.LAND_RING_STAGES): Mistral-Small-4 (H32) 169.3-169.5 us with 2 slots
-    against 175.9-177.3 in the query tile's lower half (bf16 241.4-242.0); 64 query rows (H64) 184.0 against
-    237.2 landing apart in 32-position blocks (bf16 243.6); 16 rows (the narrow form) 151.7 against 152.5.
+    Otherwise one block lands at a time in the query tile's lower half where the query takes at most its upper
+    half (the next block's boxes are then issued only once the block before has been converted out of the zone),
+    and a query that fills the tile has its blocks' rows loaded by the converting warps. Measured on the H100
+    (2026-11-26, fp8, Dc 256, B128 S8192, fp8_converter_variants.py; plan.LAND_RING_STAGES): Mistral-Small-4 (H32)
+    169.3-169.5 us with 2 slots against 175.9-177.3 in the query tile's lower half (bf16 241.4-242.0); 64 query
+    rows (H64) 184.0 against 237.2 landing apart in 32-position blocks (a form since dropped; bf16 243.6); 16 rows
+    (the narrow form) 151.7 against 152.5.
     """
     return fp8_cache and ring_slots > 1 and query_rows <= block_m and page_size >= block_n and not config_given
 
@@ -371,17 +343,25 @@ def gluon_blocks(
 ):
     """(config, fewest_blocks, land_apart, land_slots) of a Gluon launch: the cache blocks it streams, as the one
     place that chooses among the tuned configuration (config: block_n, registers, stages), the short and long
-    blocks and the fp8 landing ring or zone apart (gluon_short_blocks, gluon_long_blocks, gluon_land_ring,
-    gluon_land_apart, in that order); the cost rule's fewest blocks a run (fewest_blocks, in the plan's
-    block_n-position blocks) counted in the chosen blocks; whether an fp8 cache lands in a zone of its own
-    (land_apart) and how many blocks at a time (land_slots).
+    blocks and the fp8 landing ring (gluon_short_blocks, gluon_long_blocks, gluon_land_ring, in that order); the
+    cost rule's fewest blocks a run (fewest_blocks, in the plan's block_n-position blocks) counted in the chosen
+    blocks; whether an fp8 cache lands in a zone of its own beside a query that fills the tile (land_apart) and
+    how many blocks at a time (land_slots).
 
     sizes: the plan's block sizes by name (block_m, block_n, short_block_n, short_stages, long_block_n,
-    long_stages, land_rows, land_ring_slots, land_ring_stages, land_apart_block_n, land_apart_stages).
+    long_stages, land_rows, land_ring_slots, land_ring_stages).
 
     Long blocks keep the cost rule's positions a run (fewest_blocks * block_n / long_block_n, rounded up). Short
-    blocks (the latency regime's) and 32-position blocks landing apart count their own blocks: their runs may be
-    half as long in positions, as they were measured (see gluon_short_blocks, gluon_land_apart).
+    blocks (the latency regime's) count their own blocks: their runs are half as long in positions, as they were
+    measured (H100, 2026-11-26, graph-replayed, latency_probe.py --minblocks: B1 H128 S8192 21.3-21.4 us with the
+    plan's 5 short blocks a run against 24.5-24.7 with 10; lengths [4641, 45118, 1730, 1696] at H16 Sq4
+    43.5-43.9 against 43.9-44.2).
+
+    Not chosen: an fp8 cache's 32-position blocks landing in a zone of their own beside a query that fills the
+    tile (the landing ring does not fit at Dc 512). Measured on the H100 (2026-11-26, fp8, Dc 512, 64 query
+    rows, every result checked) against the rows loaded by the converting warps: B128 S8192 379.4 us against
+    317.1 (bf16 422.7), B32 150.2 against 116.7, B16 116.2 against 82.1 (fp8_converter_variants.py), lengths
+    [4641, 45118, 1730, 1696] at H16 Sq4 77.3-78.0 against 46.8 graph-replayed (latency_probe.py --landing).
     """
     block_n, registers, _ = config
     common = dict(fp8_cache=fp8_cache, config_given=config_given)
@@ -414,17 +394,6 @@ def gluon_blocks(
             query_rows > sizes["land_rows"],
             sizes["land_ring_slots"],
         )
-    if gluon_land_apart(
-        query_rows=query_rows,
-        land_rows=sizes["land_rows"],
-        block_m=sizes["block_m"],
-        batch_size=batch_size,
-        small_batch=small_batch,
-        page_size=page_size,
-        block_n=sizes["land_apart_block_n"],
-        **common,
-    ):
-        return (sizes["land_apart_block_n"], registers, sizes["land_apart_stages"]), fewest_blocks, True, 1
     return config, fewest_blocks, False, 1
 
 

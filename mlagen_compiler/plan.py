@@ -192,11 +192,9 @@ class GluonDecodePlan:
     #: its pieces: the latent's Dc / 64 / land_group, then one for the rope
     land_group: int
     land_pieces: int
-    #: more query rows than land_rows in one row block (launch_policy.gluon_land_apart): the landing producer lands
-    #: in a buffer of its own beside the query tile, blocks of land_apart_block_n positions in a ring of
-    #: land_apart_stages, in land_apart_pieces handshakes a block (LAND_APART_GROUP latent chunks a piece)
-    land_apart_block_n: int
-    land_apart_stages: int
+    #: more query rows than land_rows in one row block with the landing ring (launch_policy.gluon_land_ring): the
+    #: landing zone is a buffer of its own beside the query tile, in land_apart_pieces handshakes a block
+    #: (LAND_APART_GROUP latent chunks a piece)
     land_apart_pieces: int
     #: the landing converter converts a query filling the tile this many rows at a time (fewer registers)
     land_apart_query_slice: int
@@ -241,33 +239,28 @@ def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int,
     return data + 8 * (2 * stages + 7 + 2 * land_pieces)
 
 
-#: fp8 cache, query rows filling the tile (launch_policy.gluon_land_apart): cache positions a block, so that one
-#: block's fp8 boxes fit beside the query tile and the 16-bit stages
-LAND_APART_BLOCK_N = 32
-#: its latent chunks a landing piece. Measured on the H100 (2026-11-26, H64 B128 S8192 fp8, bf16 425.1 us):
-#: 2 chunks 411.1 us, 4 chunks 397.1, 8 chunks 467.8
+#: fp8 cache, query rows filling the tile, a landing zone apart: latent chunks a landing piece. Measured on the
+#: H100 (2026-11-26, H64 B128 S8192 fp8 in 32-position blocks landing apart, a form since dropped, see
+#: launch_policy.gluon_blocks; bf16 425.1 us): 2 chunks 411.1 us, 4 chunks 397.1, 8 chunks 467.8
 LAND_APART_GROUP = 4
 #: query rows the landing converter scales into float16 at a time where the query fills the tile: its warps' 80
 #: registers then hold a slice, not the whole 64-row query (which they spilled, offline SASS)
 LAND_APART_QUERY_SLICE = 16
 
 
-def _gluon_fitting_stages(
-    dc: int, dr: int, block_m: int, block_n: int, land_pieces: int, extra_bytes: int = 0
-) -> list[int]:
-    """Ring stages (2..GLUON_MAX_STAGES) of block_n positions whose shared memory, with extra_bytes more, fits."""
+def _gluon_fitting_stages(dc: int, dr: int, block_m: int, block_n: int, land_pieces: int) -> list[int]:
+    """Ring stages (2..GLUON_MAX_STAGES) of block_n positions whose shared memory fits."""
     return [
         s
         for s in range(2, GLUON_MAX_STAGES + 1)
-        if _gluon_smem_bytes(dc, dr, s, block_m, block_n, land_pieces) + extra_bytes <= GLUON_MAX_SMEM
+        if _gluon_smem_bytes(dc, dr, s, block_m, block_n, land_pieces) <= GLUON_MAX_SMEM
     ]
 
 
 def _gluon_land_ring_slots(dc: int, dr: int, block_m: int, block_n: int, land_pieces: int) -> int:
     """Landing slots of the landing producer's ring of its own: the most, at most LAND_RING_MAX_SLOTS, that fit
     beside the whole query tile and LAND_RING_STAGES stages (a slot: one fp8 block and a mbarrier pair a piece);
-    1 where fewer than two fit (one block then lands at a time: in the query tile's lower half, or apart beside
-    short blocks)."""
+    1 where fewer than two fit (one block then lands at a time, in the query tile's lower half)."""
     slot_bytes = block_n * (dc + dr) + 16 * land_pieces
     fitting = [
         slots
@@ -282,14 +275,6 @@ def _gluon_land_pieces(dc: int, group: int) -> tuple[int, int]:
     narrower than 64 columns is not eligible, but is still lowered), then one piece for the rope."""
     chunks = max(1, min(group, dc // 64))
     return chunks, dc // 64 // chunks + 1
-
-
-def _gluon_land_apart_stages(dc: int, dr: int, block_m: int, land_pieces: int) -> int:
-    """Ring stages of LAND_APART_BLOCK_N positions that fit beside the query tile, P and a landing zone of one
-    fp8 block (at most GLUON_MAX_STAGES; 2 where none fit: such a launch fails at its start, as any over-budget
-    ring does)."""
-    landing = LAND_APART_BLOCK_N * (dc + dr)
-    return max(_gluon_fitting_stages(dc, dr, block_m, LAND_APART_BLOCK_N, land_pieces, landing), default=2)
 
 
 #: the landing producer's ring of its own (one row block of query rows): 16-bit stages beside it and the most fp8
@@ -380,8 +365,6 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         narrow_land_warps=4,
         land_group=land_group,
         land_pieces=land_pieces,
-        land_apart_block_n=LAND_APART_BLOCK_N,
-        land_apart_stages=_gluon_land_apart_stages(dc, dr, block_m, land_apart_pieces if smem_pieces else 0),
         land_apart_pieces=land_apart_pieces,
         land_apart_query_slice=LAND_APART_QUERY_SLICE,
         land_ring_slots=land_ring_slots,
@@ -579,20 +562,16 @@ class KernelPlan:
             dec["interpreter"] = self.decode.interpreter.key()
             gluon = self.decode.gluon
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
-            # (launch_policy.gluon_land_ring, gluon_land_apart and the module's _gluon_producer_kind, in that order)
-            apart = (
-                f"in a zone of its own beside {gluon.land_apart_block_n}-position stages where"
-                f" {gluon.land_rows} < Sq * H <= {gluon.block_m} and pages hold those"
-            )
+            # (launch_policy.gluon_land_ring and the module's _gluon_producer_kind, in that order)
             if gluon.land_ring_slots > 1:
                 landing = (
                     f"landed by TMA {gluon.land_ring_slots} blocks at a time in a ring of its own where Sq * H <="
-                    f" {gluon.block_m} and pages hold whole blocks, else {apart}"
+                    f" {gluon.block_m} and pages hold whole blocks"
                 )
             else:
                 landing = (
                     f"landed by TMA in the query tile's unused half where Sq * H <= {gluon.land_rows} and pages hold"
-                    f" whole blocks, else {apart}"
+                    " whole blocks"
                 )
             landing += "; else loaded row by row"
             converted = f" ({self.spec.cache_dtype} cache converted to float16 in shared memory; {landing})"

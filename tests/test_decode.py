@@ -312,33 +312,24 @@ def test_gluon_short_and_tuned_blocks_both_match_the_reference(build_module, dev
 
 @pytest.mark.parametrize("merge", ["fused", "kernel"])
 @pytest.mark.parametrize("page_size", [32, 64])
-def test_gluon_fp8_landing_apart_and_row_loading_both_match_the_reference(build_module, device, page_size, merge):
-    """An fp8 cache with 64 query rows (H16 Sq4: more than the query tile's half, one row block) in a batch of
-    more than DECODE_SMALL_BATCH sequences lands its 32-position blocks by TMA in a landing zone of its own
-    (gluon_land_apart); the same inputs with the tuned configuration given, and a small batch (short runs) by the
-    launch policy, load 64-position blocks row by row (the converting producer). All against the reference, both
-    merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
+def test_gluon_fp8_query_filling_the_tile_loads_rows_and_matches_the_reference(build_module, device, page_size, merge):
+    """An fp8 cache at Dc 512 with 64 query rows (H16 Sq4: the query fills the tile, one row block; no landing ring
+    fits) has its 64-position blocks' rows loaded by the converting warps, in a small batch and beyond one. Against
+    the reference, both merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
     if device.type != "cuda":
         pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
     require_backend(build_module, device, "gluon")
     small_batch = tall_rows_small_batch(page_size, merge, "float8_e4m3fn", seed=4545 + page_size)
-    problem = {**small_batch, "seqlens": small_batch["seqlens"] + [95, 2 * page_size + 3]}  # 10 sequences
-    module = module_for(build_module, problem)
-    assert len(problem["seqlens"]) > module.DECODE_SMALL_BATCH >= len(small_batch["seqlens"])
-    apart = module.get_decode_schedule(10, 4, device, backend="gluon", merge=merge)
-    assert apart.config[0] == module.DECODE_GLUON_LAND_APART_BLOCK_N == 32, apart
-    assert apart.config[2] == module.DECODE_GLUON_LAND_APART_STAGES and apart.land_apart
+    larger = {**small_batch, "seqlens": small_batch["seqlens"] + [95, 2 * page_size + 3]}  # 10 sequences
+    module = module_for(build_module, larger)
+    assert len(larger["seqlens"]) > module.DECODE_SMALL_BATCH >= len(small_batch["seqlens"])
+    assert module.DECODE_GLUON_LAND_RING_SLOTS == 1
     kv = torch.empty(2, page_size, 1, 576, dtype=torch.float8_e4m3fn, device=device)
-    assert module._gluon_producer_kind(kv, 64, apart.narrow, apart.config[0], apart.land_apart)[0] == "land"
-    check_decode(module, device, problem, "gluon")
-    tuned = module.get_decode_schedule(10, 4, device, backend="gluon", config=module.DECODE_GLUON_DEFAULT)
-    assert tuned.config[0] == module.DECODE_GLUON_BLOCK_N == 64 and not tuned.land_apart
-    assert module._gluon_producer_kind(kv, 64, 0, tuned.config[0], tuned.land_apart)[0] == "convert"
-    check_decode(module, device, {**problem, "config": tuned.config}, "gluon")
-    rows_loaded = module.get_decode_schedule(8, 4, device, backend="gluon", merge=merge)
-    assert rows_loaded.config[0] == 64 and not rows_loaded.land_apart, rows_loaded
-    assert module._gluon_producer_kind(kv, 64, 0, rows_loaded.config[0], rows_loaded.land_apart)[0] == "convert"
-    check_decode(module, device, small_batch, "gluon")
+    for problem in (larger, small_batch):
+        schedule = module.get_decode_schedule(len(problem["seqlens"]), 4, device, backend="gluon", merge=merge)
+        assert schedule.config[0] == module.DECODE_GLUON_BLOCK_N == 64 and not schedule.land_apart, schedule
+        assert module._gluon_producer_kind(kv, 64, 0, schedule.config[0], schedule.land_apart)[0] == "convert"
+        check_decode(module, device, problem, "gluon")
 
 
 @pytest.mark.parametrize("merge", ["fused", "kernel"])

@@ -258,29 +258,6 @@ def test_gluon_long_blocks_for_two_row_blocks_of_large_batches_with_a_16_bit_cac
     assert lp.gluon_long_blocks(row_blocks=2, **{**common, "config_given": True}) is False
 
 
-def test_gluon_land_apart_for_fp8_caches_whose_query_fills_one_row_block_unless_configured():
-    common = dict(
-        land_rows=32,
-        block_m=64,
-        batch_size=128,
-        small_batch=8,
-        fp8_cache=True,
-        page_size=64,
-        block_n=32,
-        config_given=False,
-    )
-    assert lp.gluon_land_apart(query_rows=64, **common) is True  # H64 Sq1, H16 Sq4
-    assert lp.gluon_land_apart(query_rows=64, **{**common, "batch_size": 8}) is False  # short runs: rows loaded
-    assert lp.gluon_land_apart(query_rows=64, **{**common, "batch_size": 9}) is True
-    assert lp.gluon_land_apart(query_rows=48, **common) is True  # H16 Sq3
-    assert lp.gluon_land_apart(query_rows=32, **common) is False  # lands in the query tile's lower half
-    assert lp.gluon_land_apart(query_rows=128, **common) is False  # H128: two row blocks, compute-bound
-    assert lp.gluon_land_apart(query_rows=64, **{**common, "fp8_cache": False}) is False
-    assert lp.gluon_land_apart(query_rows=64, **{**common, "page_size": 16}) is False  # blocks across pages
-    assert lp.gluon_land_apart(query_rows=64, **{**common, "page_size": 32}) is True
-    assert lp.gluon_land_apart(query_rows=64, **{**common, "config_given": True}) is False
-
-
 def test_gluon_land_ring_for_fp8_caches_of_one_row_block_where_two_slots_fit_unless_configured():
     common = dict(block_m=64, fp8_cache=True, page_size=64, block_n=64, ring_slots=2, config_given=False)
     assert lp.gluon_land_ring(query_rows=32, **common) is True  # Mistral-Small-4 (H32 Sq1): the tile's upper half
@@ -303,8 +280,6 @@ PLAN_BLOCK_SIZES = dict(
     land_rows=32,
     land_ring_slots=2,
     land_ring_stages=2,
-    land_apart_block_n=32,
-    land_apart_stages=4,
 )
 
 
@@ -327,17 +302,17 @@ def test_gluon_blocks_chooses_in_one_place_and_counts_long_runs_in_positions():
     # short runs of a small batch: short blocks, counted in their own blocks (as measured)
     small = dict(common, batch_size=1, num_parts=66)
     assert lp.gluon_blocks(tuned, query_rows=128, **small) == ((32, 168, 3), 5, False, 1)
-    # an fp8 cache: the landing ring in the query tile's lower half, beside a query that fills it, or one block apart
+    # an fp8 cache: the landing ring in the query tile's lower half or beside a query that fills it, where it fits
     fp8 = dict(large, fp8_cache=True)
-    assert lp.gluon_blocks(tuned, query_rows=32, **fp8) == ((64, 168, 2), 5, False, 2)
-    assert lp.gluon_blocks(tuned, query_rows=64, **fp8) == ((64, 168, 2), 5, True, 2)
-    no_ring = {**PLAN_BLOCK_SIZES, "land_ring_slots": 1}  # Dc 512
-    assert lp.gluon_blocks(tuned, query_rows=64, **{**fp8, "sizes": no_ring}) == ((32, 168, 4), 5, True, 1)
-    assert lp.gluon_blocks(tuned, query_rows=32, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
-    assert lp.gluon_blocks(tuned, query_rows=128, **fp8) == (tuned, 5, False, 1)  # rows loaded by the converter
-    few = dict(fp8, batch_size=4)  # a small batch: no zone apart, but the ring where it fits
-    assert lp.gluon_blocks(tuned, query_rows=64, **{**few, "sizes": no_ring}) == (tuned, 5, False, 1)
-    assert lp.gluon_blocks(tuned, query_rows=64, **few) == ((64, 168, 2), 5, True, 2)
+    for batch_size in (128, 4):
+        fp8["batch_size"] = batch_size
+        assert lp.gluon_blocks(tuned, query_rows=32, **fp8) == ((64, 168, 2), 5, False, 2)
+        assert lp.gluon_blocks(tuned, query_rows=64, **fp8) == ((64, 168, 2), 5, True, 2)
+        # Dc 512 (no ring): the tuned blocks (one landing in the query tile's lower half, or rows loaded)
+        no_ring = {**PLAN_BLOCK_SIZES, "land_ring_slots": 1}
+        assert lp.gluon_blocks(tuned, query_rows=64, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
+        assert lp.gluon_blocks(tuned, query_rows=32, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
+        assert lp.gluon_blocks(tuned, query_rows=128, **fp8) == (tuned, 5, False, 1)  # rows loaded
     # a configuration given by the caller is run as given
     given = (64, 200, 2)
     for kwargs in (large, small, fp8):
