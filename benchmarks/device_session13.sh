@@ -14,6 +14,7 @@
 #                                           variant removed with landing apart itself, after this call)
 #   bash benchmarks/device_session13.sh e   landing apart dropped: the fp8 GPU tests, auto at 64 query rows, the
 #                                           landing producer against rows loaded where it stays (variant convert)
+#   bash benchmarks/device_session13.sh f   B8 H16's run counts (both caches), B1 H16's default sweep
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -55,6 +56,15 @@ if [ "${1:-a}" = e ]; then
     --only "H64 B128 S8192 Sq1 fix,skewed4 Sq4" 2>&1 | tee "$OUT/bench_auto.log" | grep "^|"
   timeout 170 python3 benchmarks/fp8_converter_variants.py --only "H16 B128,H32 B128,Dc256 H64,Mistral" \
     --variants convert --out "$OUT/convert" 2>&1 | tee "$OUT/convert.log" | grep "^|"
+fi
+# f: the two latency cases still missed (B8 H16, B1 H16; bf16): the Gluon kernel's run counts at B8 H16 (both
+# caches), and the default sweep of both backends at B1 H16
+if [ "${1:-a}" = f ]; then
+  for cache in bf16 fp8; do
+    timeout 150 python3 benchmarks/latency_probe.py --parts --only "B8 H16" --cache $cache 2>&1 \
+      | tee "$OUT/parts_b8h16_$cache.log" | grep -v "^#"
+  done
+  timeout 200 python3 benchmarks/latency_probe.py --only "B1 H16" 2>&1 | tee "$OUT/sweep_b1h16.log" | grep -v "^#"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
