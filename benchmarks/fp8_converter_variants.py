@@ -387,7 +387,7 @@ VARIANTS = {
     ),
     "apart_noconv": (
         "probe, wrong output by design: the landing converter stores nothing (no loads, no conversion; the "
-        "handshakes and the rope kept), to show what bounds the landing producer (H128 landing apart, H16)",
+        "handshakes and the rope kept), to show what bounds the landing producer",
         [("k_c.slice(g * GROUP, GROUP, dim=0).store(boxes.to(gl.float16))", "pass")],
     ),
     "s1": (
