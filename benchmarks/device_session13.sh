@@ -15,6 +15,8 @@
 #   bash benchmarks/device_session13.sh e   landing apart dropped: the fp8 GPU tests, auto at 64 query rows, the
 #                                           landing producer against rows loaded where it stays (variant convert)
 #   bash benchmarks/device_session13.sh f   B8 H16's run counts (both caches), B1 H16's default sweep
+#   bash benchmarks/device_session13.sh g   the Gluon decode tests (test_decode.py -k gluon, ci profile)
+#   bash benchmarks/device_session13.sh h   test_fp8.py, test_gluon_backend.py, test_prepared_launch.py
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -65,6 +67,16 @@ if [ "${1:-a}" = f ]; then
       | tee "$OUT/parts_b8h16_$cache.log" | grep -v "^#"
   done
   timeout 200 python3 benchmarks/latency_probe.py --only "B1 H16" 2>&1 | tee "$OUT/sweep_b1h16.log" | grep -v "^#"
+fi
+# g, h: the GPU tests on the final code: g the Gluon decode tests (the property test in the ci profile), h the fp8,
+# Gluon-backend and prepared-launch tests
+if [ "${1:-a}" = g ]; then
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 570 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py -k gluon \
+    2>&1 | tail -15 | tee "$OUT/pytest_decode_gluon.log"
+fi
+if [ "${1:-a}" = h ]; then
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 570 python3 -m pytest -q -p no:cacheprovider tests/test_fp8.py \
+    tests/test_gluon_backend.py tests/test_prepared_launch.py 2>&1 | tail -15 | tee "$OUT/pytest_fp8_backend.log"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
