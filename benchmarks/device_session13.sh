@@ -18,6 +18,7 @@
 #   bash benchmarks/device_session13.sh g   the Gluon decode tests (test_decode.py -k gluon, ci profile)
 #   bash benchmarks/device_session13.sh h   the rest of g's tests (but those of a and e); test_fp8.py,
 #                                           test_gluon_backend.py, test_prepared_launch.py
+#   bash benchmarks/device_session13.sh i   short blocks forced on and off with an fp8 cache (latency cases)
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -82,6 +83,12 @@ if [ "${1:-a}" = h ]; then
     | tail -15 | tee "$OUT/pytest_decode_gluon_rest.log"
   MLAGEN_HYPOTHESIS_PROFILE=ci timeout 340 python3 -m pytest -q -p no:cacheprovider tests/test_fp8.py \
     tests/test_gluon_backend.py tests/test_prepared_launch.py 2>&1 | tail -15 | tee "$OUT/pytest_fp8_backend.log"
+fi
+# i: short blocks (32 positions, a ring of 3) with an fp8 cache, whose rows the converter loads (the launch
+# policy keeps them for 16-bit caches): forced on and off at B1 H128, B8 H128 and the skewed Sq4 batch
+if [ "${1:-a}" = i ]; then
+  timeout 250 python3 benchmarks/latency_probe.py --cache fp8 --blocks --only "B1 H128,B8 H128,Sq4" 2>&1 \
+    | tee "$OUT/fp8_short_blocks.log" | grep -v "^#"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
