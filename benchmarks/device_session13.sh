@@ -19,6 +19,7 @@
 #   bash benchmarks/device_session13.sh h   the rest of g's tests (but those of a and e); test_fp8.py,
 #                                           test_gluon_backend.py, test_prepared_launch.py
 #   bash benchmarks/device_session13.sh i   short blocks forced on and off with an fp8 cache (latency cases)
+#   bash benchmarks/device_session13.sh j   short blocks for fp8 caches whose rows are loaded: tests, latency cases
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -89,6 +90,14 @@ fi
 if [ "${1:-a}" = i ]; then
   timeout 250 python3 benchmarks/latency_probe.py --cache fp8 --blocks --only "B1 H128,B8 H128,Sq4" 2>&1 \
     | tee "$OUT/fp8_short_blocks.log" | grep -v "^#"
+fi
+# j: short blocks with an fp8 cache whose rows are loaded (gluon_blocks): their GPU tests and test_fp8.py; the fp8
+# latency cases they take
+if [ "${1:-a}" = j ]; then
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py \
+    tests/test_fp8.py -k "query_filling or short_and_tuned or test_fp8" 2>&1 | tail -5 | tee "$OUT/pytest_short_fp8.log"
+  timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/latency" --caches bf16,fp8 --backends gluon \
+    --only "H128 B1 S8192 graph,skewed4 Sq4" 2>&1 | tee "$OUT/bench_latency.log" | grep "^|"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed

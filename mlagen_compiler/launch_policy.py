@@ -261,28 +261,25 @@ def gluon_small_batch_schedule(sm_count, *, narrow, batch_size, small_batch, min
 SHORT_BLOCK_RUNS = 16
 
 
-def gluon_short_blocks(*, narrow, batch_size, num_parts, small_batch, fp8_cache, config_given):
+def gluon_short_blocks(*, narrow, batch_size, num_parts, small_batch, config_given):
     """Whether a Gluon launch streams the cache in the plan's short blocks (32 positions, a ring of 3 stages:
     less shared memory than 64 x 2) instead of its tuned (block_n, stages): small batches (at most
     small_batch sequences) whose sequences average at least SHORT_BLOCK_RUNS runs (num_parts / batch: short
     runs, whose first and last blocks' waits are most of their time), with rows as the MMAs' M (narrow = 0;
-    the narrow form's S^T takes the block as its M, at least 64), a 16-bit cache, no configuration given. A
-    short block frees its stage after half the work, so more of the cache is in flight a program.
+    the narrow form's S^T takes the block as its M, at least 64), no configuration given. A short block frees
+    its stage after half the work, so more of the cache is in flight a program. An fp8 cache takes them where
+    its rows are loaded by the converting warps (gluon_blocks chooses the landing ring first).
 
     Measured on the H100 (bf16, 2026-11-25, graph-replayed, short against tuned blocks in turn, every result
     checked; latency_probe.py --blocks): lengths [4641, 45118, 1730, 1696] H16 Sq4 (132 runs) 48.5-48.9 us
     against 50.8-50.9, B1 H128 S8192 (66 runs) 22.8 against 24.0-24.2; but B8 H128 S8192 (64 runs, 8 a
     sequence: runs of 16 blocks) 67.7-68.8 against 64.0, and H128 B128 (compute-bound, 2026-11-23) 32 x 4
     657.9 against 549.9 us. The lengths are device data: runs a sequence are what the host knows of a run's
-    length.
+    length. With an fp8 cache (2026-11-26, rows loaded by the converter; latency_probe.py --cache fp8 --blocks):
+    B1 H128 27.1-27.3 against 28.5-28.8, the Sq4 batch 44.2-44.6 against 46.1-46.3; B8 H128 72.8 against
+    65.1-66.0 (not taken: runs of 16 blocks).
     """
-    return (
-        not narrow
-        and batch_size <= small_batch
-        and num_parts >= SHORT_BLOCK_RUNS * batch_size
-        and not fp8_cache
-        and not config_given
-    )
+    return not narrow and batch_size <= small_batch and num_parts >= SHORT_BLOCK_RUNS * batch_size and not config_given
 
 
 def gluon_long_blocks(
@@ -343,7 +340,7 @@ def gluon_blocks(
 ):
     """(config, fewest_blocks, land_apart, land_slots) of a Gluon launch: the cache blocks it streams, as the one
     place that chooses among the tuned configuration (config: block_n, registers, stages), the short and long
-    blocks and the fp8 landing ring (gluon_short_blocks, gluon_long_blocks, gluon_land_ring, in that order); the
+    blocks and the fp8 landing ring (gluon_land_ring, gluon_short_blocks, gluon_long_blocks, in that order); the
     cost rule's fewest blocks a run (fewest_blocks, in the plan's block_n-position blocks) counted in the chosen
     blocks; whether an fp8 cache lands in a zone of its own beside a query that fills the tile (land_apart) and
     how many blocks at a time (land_slots).
@@ -365,20 +362,6 @@ def gluon_blocks(
     """
     block_n, registers, _ = config
     common = dict(fp8_cache=fp8_cache, config_given=config_given)
-    if gluon_short_blocks(narrow=narrow, batch_size=batch_size, num_parts=num_parts, small_batch=small_batch, **common):
-        return (sizes["short_block_n"], registers, sizes["short_stages"]), fewest_blocks, False, 1
-    if gluon_long_blocks(
-        row_blocks=cdiv(query_rows, sizes["block_m"]),
-        narrow=narrow,
-        batch_size=batch_size,
-        small_batch=small_batch,
-        page_size=page_size,
-        block_n=sizes["block_n"],
-        long_block_n=sizes["long_block_n"],
-        **common,
-    ):
-        fewest_long = cdiv(fewest_blocks * sizes["block_n"], sizes["long_block_n"])
-        return (sizes["long_block_n"], registers, sizes["long_stages"]), fewest_long, False, 1
     if gluon_land_ring(
         query_rows=query_rows,
         block_m=sizes["block_m"],
@@ -394,6 +377,25 @@ def gluon_blocks(
             query_rows > sizes["land_rows"],
             sizes["land_ring_slots"],
         )
+    # (an fp8 cache takes short blocks only where its rows are loaded: a query in the tile's upper half lands its
+    # blocks in the lower half, a form measured with 64-position blocks only)
+    rows_loaded = not fp8_cache or query_rows > sizes["land_rows"]
+    if rows_loaded and gluon_short_blocks(
+        narrow=narrow, batch_size=batch_size, num_parts=num_parts, small_batch=small_batch, config_given=config_given
+    ):
+        return (sizes["short_block_n"], registers, sizes["short_stages"]), fewest_blocks, False, 1
+    if gluon_long_blocks(
+        row_blocks=cdiv(query_rows, sizes["block_m"]),
+        narrow=narrow,
+        batch_size=batch_size,
+        small_batch=small_batch,
+        page_size=page_size,
+        block_n=sizes["block_n"],
+        long_block_n=sizes["long_block_n"],
+        **common,
+    ):
+        fewest_long = cdiv(fewest_blocks * sizes["block_n"], sizes["long_block_n"])
+        return (sizes["long_block_n"], registers, sizes["long_stages"]), fewest_long, False, 1
     return config, fewest_blocks, False, 1
 
 

@@ -291,10 +291,11 @@ def tall_rows_small_batch(page_size: int, merge: str, cache_dtype: str | None, s
 @pytest.mark.parametrize("merge", ["fused", "kernel"])
 @pytest.mark.parametrize("page_size", [32, 64])
 def test_gluon_short_and_tuned_blocks_both_match_the_reference(build_module, device, page_size, merge):
-    """A small batch with rows as the MMAs' M whose sequences average 16 runs or more streams 32-position cache
-    blocks in a ring of 3 (gluon_short_blocks); the same inputs with the tuned configuration given stream
-    64-position blocks (TMA boxes where a page holds them, else the gathering producer). Both against the
-    reference, both merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
+    """A small batch with rows as the MMAs' M (a 16-bit cache; an fp8 one: the next test) whose sequences average
+    16 runs or more streams 32-position cache blocks in a ring of 3 (gluon_short_blocks); the same inputs with
+    the tuned configuration given stream 64-position blocks (TMA boxes where a page holds them, else the
+    gathering producer). Both against the reference, both merges: page edges, an empty sequence, splits, NaN
+    in every unused slot. GPU only."""
     if device.type != "cuda":
         pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
     require_backend(build_module, device, "gluon")
@@ -314,8 +315,9 @@ def test_gluon_short_and_tuned_blocks_both_match_the_reference(build_module, dev
 @pytest.mark.parametrize("page_size", [32, 64])
 def test_gluon_fp8_query_filling_the_tile_loads_rows_and_matches_the_reference(build_module, device, page_size, merge):
     """An fp8 cache at Dc 512 with 64 query rows (H16 Sq4: the query fills the tile, one row block; no landing ring
-    fits) has its 64-position blocks' rows loaded by the converting warps, in a small batch and beyond one. Against
-    the reference, both merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
+    fits) has its blocks' rows loaded by the converting warps: 64-position blocks beyond the small batches, the
+    short blocks (32 positions, a ring of 3) for the short runs of a small batch. Against the reference, both
+    merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
     if device.type != "cuda":
         pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
     require_backend(build_module, device, "gluon")
@@ -325,9 +327,9 @@ def test_gluon_fp8_query_filling_the_tile_loads_rows_and_matches_the_reference(b
     assert len(larger["seqlens"]) > module.DECODE_SMALL_BATCH >= len(small_batch["seqlens"])
     assert module.DECODE_GLUON_LAND_RING_SLOTS == 1
     kv = torch.empty(2, page_size, 1, 576, dtype=torch.float8_e4m3fn, device=device)
-    for problem in (larger, small_batch):
+    for problem, block_n in ((larger, 64), (small_batch, module.DECODE_GLUON_SMALL_BATCH_BLOCK_N)):
         schedule = module.get_decode_schedule(len(problem["seqlens"]), 4, device, backend="gluon", merge=merge)
-        assert schedule.config[0] == module.DECODE_GLUON_BLOCK_N == 64 and not schedule.land_apart, schedule
+        assert schedule.config[0] == block_n and not schedule.land_apart, schedule
         assert module._gluon_producer_kind(kv, 64, 0, schedule.config[0], schedule.land_apart)[0] == "convert"
         check_decode(module, device, problem, "gluon")
 

@@ -222,15 +222,14 @@ def test_partial_rows_in_the_output_dtype_for_the_portable_kernel_and_kept_in_l2
     assert lp.decode_keep_partials() is True
 
 
-def test_gluon_short_blocks_for_short_runs_of_tall_rows_with_a_16_bit_cache_unless_configured():
-    common = dict(small_batch=8, fp8_cache=False, config_given=False)
+def test_gluon_short_blocks_for_short_runs_of_tall_rows_unless_configured():
+    common = dict(small_batch=8, config_given=False)
     assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **common) is True  # B1 H128
     assert lp.gluon_short_blocks(narrow=0, batch_size=4, num_parts=132, **common) is True  # the skewed Sq4 batch
     assert lp.gluon_short_blocks(narrow=0, batch_size=8, num_parts=128, **common) is True  # 16 runs a sequence
     assert lp.gluon_short_blocks(narrow=0, batch_size=8, num_parts=64, **common) is False  # B8 H128: long runs
     assert lp.gluon_short_blocks(narrow=0, batch_size=9, num_parts=264, **common) is False  # not a small batch
     assert lp.gluon_short_blocks(narrow=16, batch_size=1, num_parts=66, **common) is False  # S^T: block as M
-    assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **{**common, "fp8_cache": True}) is False
     assert lp.gluon_short_blocks(narrow=0, batch_size=1, num_parts=66, **{**common, "config_given": True}) is False
 
 
@@ -304,15 +303,22 @@ def test_gluon_blocks_chooses_in_one_place_and_counts_long_runs_in_positions():
     assert lp.gluon_blocks(tuned, query_rows=128, **small) == ((32, 168, 3), 5, False, 1)
     # an fp8 cache: the landing ring in the query tile's lower half or beside a query that fills it, where it fits
     fp8 = dict(large, fp8_cache=True)
-    for batch_size in (128, 4):
-        fp8["batch_size"] = batch_size
+    for batch_size, num_parts in ((128, 132), (4, 32)):  # (4 sequences in 8 runs each: long runs)
+        fp8.update(batch_size=batch_size, num_parts=num_parts)
         assert lp.gluon_blocks(tuned, query_rows=32, **fp8) == ((64, 168, 2), 5, False, 2)
         assert lp.gluon_blocks(tuned, query_rows=64, **fp8) == ((64, 168, 2), 5, True, 2)
-        # Dc 512 (no ring): the tuned blocks (one landing in the query tile's lower half, or rows loaded)
+        # Dc 512 (no ring): the tuned blocks (one landing in the query tile's lower half, or rows loaded), in the
+        # latency regime's short blocks where the runs are short
         no_ring = {**PLAN_BLOCK_SIZES, "land_ring_slots": 1}
         assert lp.gluon_blocks(tuned, query_rows=64, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
         assert lp.gluon_blocks(tuned, query_rows=32, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
         assert lp.gluon_blocks(tuned, query_rows=128, **fp8) == (tuned, 5, False, 1)  # rows loaded
+    short_runs = dict(fp8, batch_size=1, num_parts=66)
+    assert lp.gluon_blocks(tuned, query_rows=128, **short_runs) == ((32, 168, 3), 5, False, 1)  # B1 H128
+    assert lp.gluon_blocks(tuned, query_rows=64, **{**short_runs, "sizes": no_ring}) == ((32, 168, 3), 5, False, 1)
+    assert lp.gluon_blocks(tuned, query_rows=64, **short_runs) == ((64, 168, 2), 5, True, 2)  # the ring first
+    # a query in the tile's upper half lands its 64-position blocks in the lower half, short runs or not
+    assert lp.gluon_blocks(tuned, query_rows=32, **{**short_runs, "sizes": no_ring}) == (tuned, 5, False, 1)
     # a configuration given by the caller is run as given
     given = (64, 200, 2)
     for kwargs in (large, small, fp8):
