@@ -20,6 +20,7 @@
 #                                           test_gluon_backend.py, test_prepared_launch.py
 #   bash benchmarks/device_session13.sh i   short blocks forced on and off with an fp8 cache (latency cases)
 #   bash benchmarks/device_session13.sh j   short blocks for fp8 caches whose rows are loaded: tests, latency cases
+#   bash benchmarks/device_session13.sh k   the final template: the landing producer's tests, fp8 where it lands
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -98,6 +99,15 @@ if [ "${1:-a}" = j ]; then
     tests/test_fp8.py -k "query_filling or short_and_tuned or test_fp8" 2>&1 | tail -5 | tee "$OUT/pytest_short_fp8.log"
   timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/latency" --caches bf16,fp8 --backends gluon \
     --only "H128 B1 S8192 graph,skewed4 Sq4" 2>&1 | tee "$OUT/bench_latency.log" | grep "^|"
+fi
+# k: the landing issuer deriving its OWN (the final template): the landing producer's GPU tests; fp8 beside bf16
+# where it lands (H16 B128, Mistral-Small-4)
+if [ "${1:-a}" = k ]; then
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py \
+    tests/test_fp8.py -k "landing_ring or (narrow_and_wide and float8) or (every_page_size and gluon and float8)" \
+    2>&1 | tail -5 | tee "$OUT/pytest_landing.log"
+  timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/main" --caches bf16,fp8 --backends gluon \
+    --only "H16 B128 S8192 Sq1 fix,Mistral-S4 H32 B128 S8192" 2>&1 | tee "$OUT/bench_main.log" | grep "^|"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
