@@ -21,6 +21,7 @@
 #   bash benchmarks/device_session13.sh i   short blocks forced on and off with an fp8 cache (latency cases)
 #   bash benchmarks/device_session13.sh j   short blocks for fp8 caches whose rows are loaded: tests, latency cases
 #   bash benchmarks/device_session13.sh k   the final template: the landing producer's tests, fp8 where it lands
+#   bash benchmarks/device_session13.sh l   the row-loading converter's settings at H64 B128 fp8
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -108,6 +109,12 @@ if [ "${1:-a}" = k ]; then
     2>&1 | tail -5 | tee "$OUT/pytest_landing.log"
   timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/main" --caches bf16,fp8 --backends gluon \
     --only "H16 B128 S8192 Sq1 fix,Mistral-S4 H32 B128 S8192" 2>&1 | tee "$OUT/bench_main.log" | grep "^|"
+fi
+# l: the row-loading converter's settings where 64 query rows now take it (H64 B128, Dc 512): 8 converting warps,
+# its registers, the P V warpgroup's
+if [ "${1:-a}" = l ]; then
+  timeout 300 python3 benchmarks/fp8_converter_variants.py --only "H64 B128" --variants conv8w,conv80,conv128,pv160 \
+    --out "$OUT/h64" 2>&1 | tee "$OUT/h64_converter.log" | grep "^|"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
