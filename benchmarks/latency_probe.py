@@ -33,9 +33,10 @@ short blocks, the cost rule's positions a run), in turn, twice; then 3 and 8.
 --thread-steps: auto's schedule with the combine's runs a step as combine_step_runs_for_warps sets them and
 as the tile's (the rule off), in turn, twice.
 
---landing (with --cache fp8): the Gluon kernel's default schedule with the landing policy as it is (a landing
-ring or zone apart where gluon_land_ring / gluon_land_apart take the launch) and with both off (the tuned blocks:
-one block landing in the query tile's lower half, or rows loaded by the converter), in turn, twice.
+--landing (with --cache fp8): the Gluon kernel's default schedule with the landing policy as it is (the landing
+ring where gluon_land_ring takes the launch; until 2026-11-26's thirteenth session also 32-position blocks landing
+apart, gluon_land_apart) and with it off (one block landing in the query tile's lower half, or rows loaded by the
+converter), in turn, twice.
 """
 
 from __future__ import annotations
@@ -247,7 +248,10 @@ def run_case(
                     nullcontext()
                     if landing
                     else patch.multiple(
-                        module, gluon_land_apart=lambda **kwargs: False, gluon_land_ring=lambda **kwargs: False
+                        module,
+                        gluon_land_ring=lambda **kwargs: False,
+                        # (modules generated before 2026-11-26's thirteenth session)
+                        **({"gluon_land_apart": lambda **kwargs: False} if hasattr(module, "gluon_land_apart") else {}),
                     )
                 )
                 with forced, forced_dtype, forced_hints, forced_blocks, tile_steps, landing_off:
