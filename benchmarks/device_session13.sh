@@ -22,6 +22,7 @@
 #   bash benchmarks/device_session13.sh j   short blocks for fp8 caches whose rows are loaded: tests, latency cases
 #   bash benchmarks/device_session13.sh k   the final template: the landing producer's tests, fp8 where it lands
 #   bash benchmarks/device_session13.sh l   the row-loading converter's settings at H64 B128 fp8
+#   bash benchmarks/device_session13.sh m   both merges where auto fuses, both caches
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -115,6 +116,13 @@ fi
 if [ "${1:-a}" = l ]; then
   timeout 300 python3 benchmarks/fp8_converter_variants.py --only "H64 B128" --variants conv8w,conv80,conv128,pv160 \
     --out "$OUT/h64" 2>&1 | tee "$OUT/h64_converter.log" | grep "^|"
+fi
+# m: decode_merge's rule (fused where sequences average at most about five runs, measured 2026-11-22) on today's
+# kernels: both merges where auto fuses, both caches
+if [ "${1:-a}" = m ]; then
+  timeout 400 python3 benchmarks/bench_decode.py --out "$OUT/merges" --caches bf16,fp8 --backends gluon \
+    --merges fused,kernel --only "H128 B32,H16 B64 S32768,H16 B128 S8192 Sq1 var,H64 B128 S8192 Sq1 var" 2>&1 \
+    | tee "$OUT/merges.log" | grep "^|"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
