@@ -23,6 +23,7 @@
 #   bash benchmarks/device_session13.sh k   the final template: the landing producer's tests, fp8 where it lands
 #   bash benchmarks/device_session13.sh l   the row-loading converter's settings at H64 B128 fp8
 #   bash benchmarks/device_session13.sh m   both merges where auto fuses, both caches
+#   bash benchmarks/device_session13.sh n   the narrow form's var-length cases with both merges, twice
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -123,6 +124,14 @@ if [ "${1:-a}" = m ]; then
   timeout 400 python3 benchmarks/bench_decode.py --out "$OUT/merges" --caches bf16,fp8 --backends gluon \
     --merges fused,kernel --only "H128 B32,H16 B64 S32768,H16 B128 S8192 Sq1 var,H64 B128 S8192 Sq1 var" 2>&1 \
     | tee "$OUT/merges.log" | grep "^|"
+fi
+# n: the narrow form (16 query rows) with both merges, twice, where call m had the combine launch ahead
+if [ "${1:-a}" = n ]; then
+  for run in 1 2; do
+    timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/narrow_merges_$run" --caches bf16,fp8 --backends gluon \
+      --merges fused,kernel --only "H16 B128 S8192 Sq1 var,H16 B128 S4096 Sq1 var" 2>&1 \
+      | tee "$OUT/narrow_merges_$run.log" | grep "^|"
+  done
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
