@@ -24,6 +24,7 @@
 #   bash benchmarks/device_session13.sh l   the row-loading converter's settings at H64 B128 fp8
 #   bash benchmarks/device_session13.sh m   both merges where auto fuses, both caches
 #   bash benchmarks/device_session13.sh n   the narrow form's var-length cases with both merges, twice
+#   bash benchmarks/device_session13.sh o   its equal-length cases with both merges, twice
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -131,6 +132,14 @@ if [ "${1:-a}" = n ]; then
     timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/narrow_merges_$run" --caches bf16,fp8 --backends gluon \
       --merges fused,kernel --only "H16 B128 S8192 Sq1 var,H16 B128 S4096 Sq1 var" 2>&1 \
       | tee "$OUT/narrow_merges_$run.log" | grep "^|"
+  done
+fi
+# o: the narrow form's equal-length cases with both merges, twice (no sequence split at H16 B128 S8192)
+if [ "${1:-a}" = o ]; then
+  for run in 1 2; do
+    timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/narrow_fix_$run" --caches bf16,fp8 --backends gluon \
+      --merges fused,kernel --only "H16 B128 S8192 Sq1 fix,H16 B64 S32768" 2>&1 \
+      | tee "$OUT/narrow_fix_$run.log" | grep "^|"
   done
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
