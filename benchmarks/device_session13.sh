@@ -25,6 +25,7 @@
 #   bash benchmarks/device_session13.sh m   both merges where auto fuses, both caches
 #   bash benchmarks/device_session13.sh n   the narrow form's var-length cases with both merges, twice
 #   bash benchmarks/device_session13.sh o   its equal-length cases with both merges, twice
+#   bash benchmarks/device_session13.sh p   auto keeps the combine launch for the narrow form: tests, main cases
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -141,6 +142,14 @@ if [ "${1:-a}" = o ]; then
       --merges fused,kernel --only "H16 B128 S8192 Sq1 fix,H16 B64 S32768" 2>&1 \
       | tee "$OUT/narrow_fix_$run.log" | grep "^|"
   done
+fi
+# p: auto keeps the combine launch for the narrow form (decode_merge): its GPU tests; the narrow main cases by auto
+if [ "${1:-a}" = p ]; then
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py \
+    tests/test_fp8.py tests/test_gluon_backend.py -k "narrow_and_wide or test_fp8 or merge or gluon_backend" 2>&1 \
+    | tail -5 | tee "$OUT/pytest_merge.log"
+  timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/auto" --caches bf16,fp8 --backends gluon \
+    --only "H16 B128 S8192 Sq1 fix,H16 B128 S8192 Sq1 var,H16 B64 S32768" 2>&1 | tee "$OUT/bench_auto.log" | grep "^|"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed

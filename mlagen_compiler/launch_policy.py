@@ -78,10 +78,10 @@ def select_decode_backend(
     return "triton", why
 
 
-def decode_merge(requested, *, backend, batch_size, num_parts, name="merge"):
+def decode_merge(requested, *, backend, batch_size, num_parts, narrow=0, name="merge"):
     """How split sequences are merged: "fused" or "kernel" as requested (MLAGEN_DECODE_MERGE or the call's
-    merge=, named by `name` in the error), or for "auto": "fused" for the Gluon backend where sequences
-    average at most about five runs (num_parts <= 4 * batch), else "kernel".
+    merge=, named by `name` in the error), or for "auto": "fused" for the Gluon backend with query rows as the
+    MMAs' M (narrow = 0) where sequences average at most about five runs (num_parts <= 4 * batch), else "kernel".
 
     Measured on the H100 (bf16, S=8192, 2026-11-22), fused against the combine launch. Gluon: H128 B32 (p66)
     182 against 215 us, H64 B128 479 / 495, H32 B128 Sq2 479 / 496, H128 B128 553 / 570, Mistral-Small-4
@@ -89,9 +89,17 @@ def decode_merge(requested, *, backend, batch_size, num_parts, name="merge"):
     against 14-22 us (a 128-run sequence merged up the tree by one program a level), the skewed B4 batch
     84-104 against 54-68. The portable kernel's wide row blocks lose too (the merge adds registers to a
     kernel at its limit): Mistral-Small-4 360 against 260 us, H64 B128 692 / 642.
+
+    Measured again on the H100 (2026-11-26, B128 lengths uniform in [S/2, 3S/2), two runs in one process each,
+    bench_decode.py --merges fused,kernel): rows as M keep the fused merge (H64 S8192 bf16 483.4 against 491.1
+    us, fp8 359.5 / 371.7; H128 B32 146.2 / 154.0); the narrow form (16 query rows) is faster with the combine
+    launch, bf16 H16 S8192 441.8-442.0 against 448.4-448.9 us, S4096 244.5-244.6 / 248.5-249.0, fp8 275.7-276.1 /
+    283.2-284.1 and 173.7-173.9 / 179.8-180.4; with equal lengths (no sequence split at S8192) it costs 0.3-0.6%
+    (bf16 413.7-413.9 against 412.6-412.8, fp8 237.2-237.5 / 235.8-236.1), at S32768 B64 it is level or ahead
+    (814.0-814.5 / 816.0-816.4, fp8 446.5-446.7 / 449.4-449.9).
     """
     if requested == "auto":
-        return "fused" if backend == "gluon" and num_parts <= 4 * batch_size else "kernel"
+        return "fused" if backend == "gluon" and not narrow and num_parts <= 4 * batch_size else "kernel"
     if requested not in DECODE_MERGES:
         raise _policy_error(name, f"expected auto, fused or kernel, got {requested!r}")
     return requested

@@ -195,6 +195,9 @@ def test_decode_merge_fuses_where_sequences_have_few_runs():
     assert lp.decode_merge("auto", batch_size=32, num_parts=128, **gluon) == "fused"
     assert lp.decode_merge("auto", batch_size=32, num_parts=129, **gluon) == "kernel"
     assert lp.decode_merge("auto", batch_size=1, num_parts=132, **gluon) == "kernel"
+    # the narrow form (16 query rows as the MMAs' N) keeps the combine launch: faster on varied lengths
+    assert lp.decode_merge("auto", batch_size=128, num_parts=128, narrow=16, **gluon) == "kernel"
+    assert lp.decode_merge("fused", batch_size=128, num_parts=128, narrow=16, **gluon) == "fused"
     assert lp.decode_merge("auto", batch_size=128, num_parts=132, backend="triton") == "kernel"
     assert lp.decode_merge("fused", batch_size=1, num_parts=132, backend="triton") == "fused"
     assert lp.decode_merge("kernel", batch_size=128, num_parts=66, **gluon) == "kernel"
