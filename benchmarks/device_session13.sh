@@ -26,6 +26,7 @@
 #   bash benchmarks/device_session13.sh n   the narrow form's var-length cases with both merges, twice
 #   bash benchmarks/device_session13.sh o   its equal-length cases with both merges, twice
 #   bash benchmarks/device_session13.sh p   auto keeps the combine launch for the narrow form: tests, main cases
+#   bash benchmarks/device_session13.sh q   every page size with an fp8 cache on the final code
 # (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -150,6 +151,11 @@ if [ "${1:-a}" = p ]; then
     | tail -5 | tee "$OUT/pytest_merge.log"
   timeout 200 python3 benchmarks/bench_decode.py --out "$OUT/auto" --caches bf16,fp8 --backends gluon \
     --only "H16 B128 S8192 Sq1 fix,H16 B128 S8192 Sq1 var,H16 B64 S32768" 2>&1 | tee "$OUT/bench_auto.log" | grep "^|"
+fi
+# q: every page size with an fp8 cache on the final code (Sq 3 takes the short blocks with rows loaded)
+if [ "${1:-a}" = q ]; then
+  timeout 400 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py -k "every_page_size and gluon and float8" \
+    2>&1 | tail -5 | tee "$OUT/pytest_pages_fp8.log"
 fi
 # c: the fp8 landing policy in the latency regime (a zone apart for the skewed Sq4 batch, the ring for
 # Mistral-Small-4 B8) against the tuned blocks, graph-replayed
