@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["tma", "gather", "convert", "convert_bytes", "land"],
         help="the producer kind (default: the launch's for a page of the module's size)",
     )
-    parser.add_argument("--dump", help="write the kernel's ttgir / ptx / sass here")
+    parser.add_argument("--dump", help="write the kernel's ttgir / ptx / cubin here")
     parser.add_argument("--combine-kernel", action="store_true", help="without the fused merge")
     parser.add_argument("--wide", action="store_true", help="rows as the MMAs' M even where the narrow form applies")
     parser.add_argument("--sequence-runs", action="store_true", help="runs that never cross a sequence's end")
@@ -271,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             if ext in kernel.asm:
                 with open(os.path.join(args.dump, f"kernel.{ext}"), "w") as handle:
                     handle.write(kernel.asm[ext])
+        with open(os.path.join(args.dump, "kernel.cubin"), "wb") as handle:  # (cuobjdump -sass: spills)
+            handle.write(kernel.asm["cubin"])
     return 0
 
 
