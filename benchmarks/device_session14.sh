@@ -2,8 +2,8 @@
 # Device calls (H100, 2026-11-26, fourteenth session) on the alternating form of the Gluon decode: two warpgroups
 # on alternate cache blocks, each whole, merged at each piece's end (_gluon_alternate_partition). Tried and not
 # kept: its code is benchmarks/results/alternate_blocks_v2_2026-11-26.patch (`git apply` it and regenerate the
-# modules to rerun a mode; the form as last measured, modes h-j: launch_policy.gluon_alternate, the merge through
-# the query tile). Modes a-c ran an earlier state (a merge buffer of its own, 2 fp8 stages, the race that e found);
+# modules to rerun a mode; the form as last measured, modes h-k: launch_policy.gluon_alternate, the merge through
+# the query tile; k's variant early_qfree is in it too). Modes a-c ran an earlier state (a merge buffer of its own, 2 fp8 stages, the race that e found);
 # d-g the form switched on by the variant `alternate` (now `no_alternate` switches it off); the log of the
 # session in docs/performance-log.md says which state each mode ran.
 #   bash benchmarks/device_session14.sh a   Dc 256 cases (Mistral-Small-4 H32, H64, H128): shipped against the
@@ -18,6 +18,7 @@
 #                                           latency regime
 #   bash benchmarks/device_session14.sh i   h's latency loss: the merge through a swizzled view, on / off again
 #   bash benchmarks/device_session14.sh j   shorter runs at larger batches, on / off
+#   bash benchmarks/device_session14.sh k   the query tile freed before the merge (timing only): the short runs' loss?
 #   bash benchmarks/device_session14.sh b   the alternating form's GPU test (not run on its own: f and h ran it)
 # (after the .whl install line)
 set -uo pipefail
@@ -77,6 +78,11 @@ j)  # shorter runs (the latency cases lost): B128 at S1024 / S4096, B64 / B32 / 
   timeout 300 python3 benchmarks/fp8_converter_variants.py --out "$OUT/alt" \
     --only "B128 S1024,B128 S4096,H32 B64 S8192,H32 B32 S8192,H32 B16 S8192" --variants no_alternate 2>&1 \
     | tee "$OUT/alternate_short_runs.log" | grep "^|"
+  ;;
+k)  # (with the patch and the timing-only variant early_qfree) does the merge holding the query tile cost the short runs?
+  timeout 300 python3 benchmarks/fp8_converter_variants.py --out "$OUT/alt" \
+    --only "Mistral-S4 H32 B128 S8192,H32 B16 S8192,B128 S1024" --variants no_alternate,early_qfree 2>&1 \
+    | tee "$OUT/alternate_early_qfree.log" | grep "^|"
   ;;
 b)
   timeout 560 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "alternating" 2>&1 | tail -15 \
