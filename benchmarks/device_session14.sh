@@ -2,8 +2,11 @@
 # Device calls (H100, 2026-11-26, fourteenth session) on the alternating form of the Gluon decode: two warpgroups
 # on alternate cache blocks, each whole, merged at each piece's end (_gluon_alternate_partition). Tried and not
 # kept: its code is benchmarks/results/alternate_blocks_v2_2026-11-26.patch (`git apply` it and regenerate the
-# modules to rerun a mode; the form as last measured, modes h-k: launch_policy.gluon_alternate, the merge through
-# the query tile; k's variant early_qfree is in it too). Modes a-c ran an earlier state (a merge buffer of its own, 2 fp8 stages, the race that e found);
+# modules to rerun a mode; the form as measured in modes h-m: launch_policy.gluon_alternate, the merge through
+# the query tile; k's variant early_qfree is in it too). Mode n ran it with
+# alternate_blocks_v2_f16_exchange_2026-11-26.patch applied on top (the merge as two float16 halves; that patch also
+# holds benchmarks/alternate_timeline_probe.py, which mode m ran on the first patch alone: its stamp at x_go anchors
+# on that patch's comment). Modes a-c ran an earlier state (a merge buffer of its own, 2 fp8 stages, the race that e found);
 # d-g the form switched on by the variant `alternate` (now `no_alternate` switches it off); the log of the
 # session in docs/performance-log.md says which state each mode ran.
 #   bash benchmarks/device_session14.sh a   Dc 256 cases (Mistral-Small-4 H32, H64, H128): shipped against the
@@ -19,6 +22,9 @@
 #   bash benchmarks/device_session14.sh i   h's latency loss: the merge through a swizzled view, on / off again
 #   bash benchmarks/device_session14.sh j   shorter runs at larger batches, on / off
 #   bash benchmarks/device_session14.sh k   the query tile freed before the merge (timing only): the short runs' loss?
+#   bash benchmarks/device_session14.sh l   the ring's depth in both forms (shared in 3 stages, alternating in 2)
+#   bash benchmarks/device_session14.sh m   per-program timelines of both forms (alternate_timeline_probe.py)
+#   bash benchmarks/device_session14.sh n   the merge as two float16 halves sent at once: probe, timelines, cases
 #   bash benchmarks/device_session14.sh b   the alternating form's GPU test (not run on its own: f and h ran it)
 # (after the .whl install line)
 set -uo pipefail
@@ -83,6 +89,24 @@ k)  # (with the patch and the timing-only variant early_qfree) does the merge ho
   timeout 300 python3 benchmarks/fp8_converter_variants.py --out "$OUT/alt" \
     --only "Mistral-S4 H32 B128 S8192,H32 B16 S8192,B128 S1024" --variants no_alternate,early_qfree 2>&1 \
     | tee "$OUT/alternate_early_qfree.log" | grep "^|"
+  ;;
+l)  # (with the patch) the ring's depth in both forms: the shared form in 3 stages, the alternating one in 2
+  timeout 300 python3 benchmarks/fp8_converter_variants.py --out "$OUT/alt" \
+    --only "Mistral-S4 H32 B128 S8192,H32 B16 S8192,B128 S1024" --variants no_alternate,no_alternate+s3,s2 2>&1 \
+    | tee "$OUT/alternate_stages.log" | grep "^|"
+  ;;
+m)  # (with the patch) per-program timelines of both forms: B16, B128 S1024 (short runs), B128 S8192, B8
+  timeout 400 python3 benchmarks/alternate_timeline_probe.py --out "$OUT/tl" 2>&1 | tee "$OUT/alternate_timeline.log"
+  ;;
+n)  # (with the patch) the merge as two float16 halves sent at once: right? the timelines, the short runs
+  for args in "--heads 32 --cache fp8" "--heads 64 --cache fp8"; do
+    timeout 100 python3 benchmarks/alternate_probe.py $args 2>&1 | grep "alternate=True" | cut -c1-150
+  done | tee "$OUT/alternate_probe_f16.log"
+  timeout 150 python3 benchmarks/alternate_timeline_probe.py --out "$OUT/tl" --only "B16,B8" 2>&1 \
+    | tee "$OUT/alternate_timeline_f16.log"
+  timeout 200 python3 benchmarks/fp8_converter_variants.py --out "$OUT/alt" \
+    --only "H32 B128 S8192,H32 B16 S8192,B128 S1024" --variants no_alternate 2>&1 \
+    | tee "$OUT/alternate_f16.log" | grep "^|"
   ;;
 b)
   timeout 560 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "alternating" 2>&1 | tail -15 \

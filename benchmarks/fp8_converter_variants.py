@@ -596,7 +596,7 @@ VARIANTS = {
             f"{stages} stages in the ring, whatever the schedule's",
             [("STAGES=schedule.config[2],", f"STAGES={stages},")],
         )
-        for stages in (3, 4)
+        for stages in (2, 3, 4)
     },
     "n32s3": (
         "32-position cache blocks in a ring of 3 stages",
