@@ -25,6 +25,7 @@
 #   bash benchmarks/device_session14.sh l   the ring's depth in both forms (shared in 3 stages, alternating in 2)
 #   bash benchmarks/device_session14.sh m   per-program timelines of both forms (alternate_timeline_probe.py)
 #   bash benchmarks/device_session14.sh n   the merge as two float16 halves sent at once: probe, timelines, cases
+#   bash benchmarks/device_session14.sh o   the alternating warpgroups on 32-position blocks (variant alt_n32)
 #   bash benchmarks/device_session14.sh b   the alternating form's GPU test (not run on its own: f and h ran it)
 # (after the .whl install line)
 set -uo pipefail
@@ -107,6 +108,14 @@ n)  # (with the patch) the merge as two float16 halves sent at once: right? the 
   timeout 200 python3 benchmarks/fp8_converter_variants.py --out "$OUT/alt" \
     --only "H32 B128 S8192,H32 B16 S8192,B128 S1024" --variants no_alternate 2>&1 \
     | tee "$OUT/alternate_f16.log" | grep "^|"
+  ;;
+o)  # (with both patches and the variant alt_n32) the alternating warpgroups on 32-position blocks (fewer registers);
+    # alt_n32 is one edit of the module, of gluon_blocks' ring branch:
+    #   '(block_n, sizes["alternate_regs"], sizes["alternate_stages"]) if alternate else ring_config'
+    #   -> '(32, sizes["alternate_regs"], 4) if alternate else ring_config'
+  timeout 300 python3 benchmarks/fp8_converter_variants.py --out "$OUT/alt" \
+    --only "Mistral-S4 H32 B128 S8192,H32 B16 S8192,B128 S1024" --variants no_alternate,alt_n32 2>&1 \
+    | tee "$OUT/alternate_n32.log" | grep "^|"
   ;;
 b)
   timeout 560 python3 -m pytest -q -x -p no:cacheprovider tests/test_decode.py -k "alternating" 2>&1 | tail -15 \
