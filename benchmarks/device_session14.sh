@@ -3,12 +3,13 @@
 # on alternate cache blocks, each whole, merged at each piece's end (_gluon_alternate_partition). Tried and not
 # kept: its code is benchmarks/results/alternate_blocks_v2_2026-11-26.patch (`git apply` it and regenerate the
 # modules to rerun a mode; the form as measured in modes h-m: launch_policy.gluon_alternate, the merge through
-# the query tile; k's variant early_qfree is in it too). Mode n ran it with
-# alternate_blocks_v2_f16_exchange_2026-11-26.patch applied on top (the merge as two float16 halves; that patch also
-# holds benchmarks/alternate_timeline_probe.py, which mode m ran on the first patch alone: its stamp at x_go anchors
-# on that patch's comment). Modes a-c ran an earlier state (a merge buffer of its own, 2 fp8 stages, the race that e found);
-# d-g the form switched on by the variant `alternate` (now `no_alternate` switches it off); the log of the
-# session in docs/performance-log.md says which state each mode ran.
+# the query tile; k's variant early_qfree is in it too). Modes n and o ran it with
+# alternate_blocks_v2_f16_exchange_2026-11-26.patch applied on top (the merge as two float16 halves; that patch
+# also holds benchmarks/alternate_timeline_probe.py, which mode m ran on the first patch alone: its stamp at x_go
+# anchors on that patch's comment). Modes a-c ran an earlier state (a merge buffer of its own, 2 fp8 stages),
+# d-g the form switched on by a variant; their variants (alternate, alt_s2, alt_lean, alt_lean216: the form on,
+# its stages, the producers at 56 / 24 registers) are not in the patch, whose no_alternate switches it off. The
+# log of the session in docs/performance-log.md says which state each mode ran.
 #   bash benchmarks/device_session14.sh a   Dc 256 cases (Mistral-Small-4 H32, H64, H128): shipped against the
 #                                           alternating variants, bf16 and fp8, in one process, each checked first
 #   bash benchmarks/device_session14.sh c   the same with the cache in L2 (--l2-resident): what the warpgroups cost
