@@ -189,7 +189,7 @@ def _convert_prefetch_edits(ahead: int) -> list[tuple[str, str]]:
 
 #: the launch's landing pieces (the plan's: Dc / 64 / plan.LAND_GROUP latent pieces and the rope's), and the same
 #: for `group` latent chunks a piece, in a text that every fp8 module shares
-_LAND_PIECES = "LAND_PIECES=(DECODE_GLUON_LAND_APART_PIECES if land_apart else DECODE_GLUON_LAND_PIECES)"
+_LAND_PIECES = "LAND_PIECES=(DECODE_GLUON_LAND_FULL_QUERY_PIECES if full_query else DECODE_GLUON_LAND_PIECES)"
 
 
 def _land_pieces(group: int) -> str:
@@ -380,7 +380,8 @@ VARIANTS = {
         "the landing producer would take it (Sq * H <= 32, pages of whole blocks)",
         [
             (
-                "if (query_rows <= DECODE_GLUON_LAND_ROWS or land_apart) and _gluon_cache_boxes(kv_cache, block_n):",
+                "if (query_rows <= DECODE_GLUON_LAND_ROWS or land_slots > 1) and "
+                "_gluon_cache_boxes(kv_cache, block_n):",
                 "if False:",
             )
         ],
@@ -561,7 +562,7 @@ VARIANTS = {
             ),
             [
                 ('ring_slots=sizes["land_ring_slots"],', f"ring_slots={slots},"),
-                ('            sizes["land_ring_slots"],\n        )', f"            {slots},\n        )"),
+                ('fewest_blocks, sizes["land_ring_slots"]\n', f"fewest_blocks, {slots}\n"),
             ],
         )
         for slots in (1, 2, 3, 4)

@@ -58,8 +58,8 @@ def compile_offline(
     long_blocks: bool = False,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers. An fp8
-    module's landing producer with more query rows than half the tile lands apart: beside the query tile in its
-    landing ring (older modules: in short blocks). long_blocks:
+    module's landing producer with more query rows than half the tile (the query filling it) lands beside the
+    query tile in its landing ring (older modules: in short blocks). long_blocks:
     the long blocks of gluon_long_blocks (a 16-bit cache; pages of the module's size)."""
     from triton.experimental.gluon import language as gl
     from triton.runtime.driver import driver
@@ -110,33 +110,42 @@ def compile_offline(
                 raise ValueError(f"long_blocks: {module_path} has no long blocks (Dc 512, or an fp8 cache)")
             block_n, stages = module.DECODE_GLUON_LONG_BLOCK_N, module.DECODE_GLUON_LONG_BLOCK_STAGES
             producer = module._gluon_producer_kind(kv[:, :, :, 1:] if gather else kv, rows, 0, block_n)[0]
-        # (a query filling the tile lands apart: in the landing ring beside it, gluon_land_ring; modules before
+        # (a query filling the tile lands in the landing ring beside it, gluon_land_ring; modules before
         # 2026-11-26's thirteenth session: in 32-position blocks, gluon_land_apart; forced with --producer land)
-        land_apart = producer == "land" and rows > module.DECODE_GLUON_LAND_ROWS
+        full_query = producer == "land" and rows > module.DECODE_GLUON_LAND_ROWS
         apart_blocks = hasattr(module, "DECODE_GLUON_LAND_APART_BLOCK_N")
-        if land_apart and not apart_blocks and module.DECODE_GLUON_LAND_RING_SLOTS < 2:
+        if full_query and not apart_blocks and module.DECODE_GLUON_LAND_RING_SLOTS < 2:
             raise ValueError(f"--producer land with {rows} query rows: {module_path} has no landing ring (Dc 512)")
-        if land_apart:
+        # (the constexpr's name: FULL_QUERY since 2026-11-26's fifteenth session, LAND_APART from 2292396)
+        arg_names = module._mla_decode_gluon_kernel.arg_names
+        full_query_arg = next((name for name in ("FULL_QUERY", "LAND_APART") if name in arg_names), None)
+        if full_query_arg:
+            narrow_form[full_query_arg] = full_query
+        if full_query:
             if apart_blocks:
                 block_n, stages = module.DECODE_GLUON_LAND_APART_BLOCK_N, module.DECODE_GLUON_LAND_APART_STAGES
-            narrow_form["LAND_APART"] = True
-            narrow_form["LAND_PIECES"] = module.DECODE_GLUON_LAND_APART_PIECES
-        elif "LAND_APART" in module._mla_decode_gluon_kernel.arg_names:  # (modules after 2292396)
-            narrow_form["LAND_APART"] = False
+            narrow_form["LAND_PIECES"] = getattr(
+                module, "DECODE_GLUON_LAND_FULL_QUERY_PIECES", getattr(module, "DECODE_GLUON_LAND_APART_PIECES", None)
+            )
         if "PREFETCH_BLOCKS" in module._mla_decode_gluon_kernel.arg_names:  # (modules after e939bf8)
             narrow_form["PREFETCH_BLOCKS"] = producer == "convert" and not gather
         if "LAND_SLOTS" in module._mla_decode_gluon_kernel.arg_names:  # (modules with a landing ring)
             # (what gluon_land_ring plans where the query takes the tile's upper half)
             if land_slots is None:
-                ring = producer == "land" and not (land_apart and apart_blocks)
+                ring = producer == "land" and not (full_query and apart_blocks)
                 land_slots = module.DECODE_GLUON_LAND_RING_SLOTS if ring else 1
             narrow_form["LAND_SLOTS"] = land_slots
             if land_slots > 1:
                 stages = module.DECODE_GLUON_LAND_RING_STAGES
         if "QUERY_SLICE" in module._mla_decode_gluon_kernel.arg_names:  # (modules after b7bcace)
-            narrow_form["QUERY_SLICE"] = module.DECODE_GLUON_LAND_APART_QUERY_SLICE if land_apart else 0
+            query_slice = getattr(
+                module,
+                "DECODE_GLUON_LAND_FULL_QUERY_SLICE",
+                getattr(module, "DECODE_GLUON_LAND_APART_QUERY_SLICE", 0),
+            )
+            narrow_form["QUERY_SLICE"] = query_slice if full_query else 0
         p_layout = p_layout[block_n]
-        if land_apart:
+        if full_query:
             descriptors = module._gluon_launch_descriptors(q, kv, producer, block_n, True)
         else:
             descriptors = module._gluon_launch_descriptors(q, kv, producer, block_n)

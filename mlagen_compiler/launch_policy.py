@@ -346,12 +346,12 @@ def gluon_blocks(
     page_size,
     config_given,
 ):
-    """(config, fewest_blocks, land_apart, land_slots) of a Gluon launch: the cache blocks it streams, as the one
-    place that chooses among the tuned configuration (config: block_n, registers, stages), the short and long
-    blocks and the fp8 landing ring (gluon_land_ring, gluon_short_blocks, gluon_long_blocks, in that order); the
-    cost rule's fewest blocks a run (fewest_blocks, in the plan's block_n-position blocks) counted in the chosen
-    blocks; whether an fp8 cache lands in a zone of its own beside a query that fills the tile (land_apart) and
-    how many blocks at a time (land_slots).
+    """(config, fewest_blocks, land_slots) of a Gluon launch: the cache blocks it streams, as the one place that
+    chooses among the tuned configuration (config: block_n, registers, stages), the short and long blocks and the
+    fp8 landing ring (gluon_land_ring, gluon_short_blocks, gluon_long_blocks, in that order); the cost rule's
+    fewest blocks a run (fewest_blocks, in the plan's block_n-position blocks) counted in the chosen blocks; how
+    many fp8 blocks land at a time (land_slots; more than 1: the landing ring, a zone of its own beside the query
+    tile, whether the query takes the tile's upper half or fills it).
 
     sizes: the plan's block sizes by name (block_m, block_n, short_block_n, short_stages, long_block_n,
     long_stages, land_rows, land_ring_slots, land_ring_stages).
@@ -378,20 +378,14 @@ def gluon_blocks(
         ring_slots=sizes["land_ring_slots"],
         **common,
     ):
-        # (land_apart where the query fills the tile: the ring is then beside it, not in its lower half)
-        return (
-            (block_n, registers, sizes["land_ring_stages"]),
-            fewest_blocks,
-            query_rows > sizes["land_rows"],
-            sizes["land_ring_slots"],
-        )
+        return (block_n, registers, sizes["land_ring_stages"]), fewest_blocks, sizes["land_ring_slots"]
     # (an fp8 cache takes short blocks only where its rows are loaded: a query in the tile's upper half lands its
     # blocks in the lower half, a form measured with 64-position blocks only)
     rows_loaded = not fp8_cache or query_rows > sizes["land_rows"]
     if rows_loaded and gluon_short_blocks(
         narrow=narrow, batch_size=batch_size, num_parts=num_parts, small_batch=small_batch, config_given=config_given
     ):
-        return (sizes["short_block_n"], registers, sizes["short_stages"]), fewest_blocks, False, 1
+        return (sizes["short_block_n"], registers, sizes["short_stages"]), fewest_blocks, 1
     if gluon_long_blocks(
         row_blocks=cdiv(query_rows, sizes["block_m"]),
         narrow=narrow,
@@ -403,8 +397,8 @@ def gluon_blocks(
         **common,
     ):
         fewest_long = cdiv(fewest_blocks * sizes["block_n"], sizes["long_block_n"])
-        return (sizes["long_block_n"], registers, sizes["long_stages"]), fewest_long, False, 1
-    return config, fewest_blocks, False, 1
+        return (sizes["long_block_n"], registers, sizes["long_stages"]), fewest_long, 1
+    return config, fewest_blocks, 1
 
 
 def check_decode_config(config):

@@ -193,14 +193,14 @@ class GluonDecodePlan:
     land_group: int
     land_pieces: int
     #: more query rows than land_rows in one row block with the landing ring (launch_policy.gluon_land_ring): the
-    #: landing zone is a buffer of its own beside the query tile, in land_apart_pieces handshakes a block
-    #: (LAND_APART_GROUP latent chunks a piece)
-    land_apart_pieces: int
-    #: the landing converter converts a query filling the tile this many rows at a time (fewer registers)
-    land_apart_query_slice: int
+    #: query fills the tile, the ring beside it lands in land_full_query_pieces handshakes a block
+    #: (LAND_FULL_QUERY_GROUP latent chunks a piece)
+    land_full_query_pieces: int
+    #: ... and the landing converter converts that query this many rows at a time (fewer registers)
+    land_full_query_slice: int
     #: one row block of query rows (launch_policy.gluon_land_ring): the landing producer lands land_ring_slots
     #: blocks at a time in a ring of its own beside land_ring_stages 16-bit stages and the whole query tile, where
-    #: two or more fit (else 1: one block at a time, in the query tile's lower half or landing apart)
+    #: two or more fit (else 1: one block at a time, in the query tile's lower half)
     land_ring_slots: int
     land_ring_stages: int
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
@@ -239,13 +239,14 @@ def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int,
     return data + 8 * (2 * stages + 7 + 2 * land_pieces)
 
 
-#: fp8 cache, query rows filling the tile, a landing zone apart: latent chunks a landing piece. Measured on the
-#: H100 (2026-11-26, H64 B128 S8192 fp8 in 32-position blocks landing apart, a form since dropped, see
-#: launch_policy.gluon_blocks; bf16 425.1 us): 2 chunks 411.1 us, 4 chunks 397.1, 8 chunks 467.8
-LAND_APART_GROUP = 4
+#: fp8 cache, query rows filling the tile, the landing zone a buffer of its own beside it: latent chunks a landing
+#: piece. Measured on the H100 (2026-11-26, H64 B128 S8192 fp8 in 32-position blocks landing beside the query, a
+#: form since dropped, see launch_policy.gluon_blocks; bf16 425.1 us): 2 chunks 411.1 us, 4 chunks 397.1, 8
+#: chunks 467.8
+LAND_FULL_QUERY_GROUP = 4
 #: query rows the landing converter scales into float16 at a time where the query fills the tile: its warps' 80
 #: registers then hold a slice, not the whole 64-row query (which they spilled, offline SASS)
-LAND_APART_QUERY_SLICE = 16
+LAND_FULL_QUERY_SLICE = 16
 
 
 def _gluon_fitting_stages(dc: int, dr: int, block_m: int, block_n: int, land_pieces: int) -> list[int]:
@@ -333,7 +334,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         reasons.append(f"Dr = {dr} is not a power of two in 16..128")
     # the landing producer's pieces: land_group 64-column latent chunks each, and one for the rope
     land_group, land_pieces = _gluon_land_pieces(dc, LAND_GROUP)
-    land_apart_pieces = _gluon_land_pieces(dc, LAND_APART_GROUP)[1]
+    land_full_query_pieces = _gluon_land_pieces(dc, LAND_FULL_QUERY_GROUP)[1]
     # (its mbarriers take shared memory only with an fp8 cache)
     smem_pieces = land_pieces if cache_dtype in SCALED_CACHE_DTYPES else 0
     fitting = _gluon_fitting_stages(dc, dr, block_m, block_n, smem_pieces)
@@ -365,8 +366,8 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         narrow_land_warps=4,
         land_group=land_group,
         land_pieces=land_pieces,
-        land_apart_pieces=land_apart_pieces,
-        land_apart_query_slice=LAND_APART_QUERY_SLICE,
+        land_full_query_pieces=land_full_query_pieces,
+        land_full_query_slice=LAND_FULL_QUERY_SLICE,
         land_ring_slots=land_ring_slots,
         land_ring_stages=LAND_RING_STAGES,
         narrow_rows=NARROW_ROWS,

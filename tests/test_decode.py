@@ -329,8 +329,8 @@ def test_gluon_fp8_query_filling_the_tile_loads_rows_and_matches_the_reference(b
     kv = torch.empty(2, page_size, 1, 576, dtype=torch.float8_e4m3fn, device=device)
     for problem, block_n in ((larger, 64), (small_batch, module.DECODE_GLUON_SMALL_BATCH_BLOCK_N)):
         schedule = module.get_decode_schedule(len(problem["seqlens"]), 4, device, backend="gluon", merge=merge)
-        assert schedule.config[0] == block_n and not schedule.land_apart, schedule
-        assert module._gluon_producer_kind(kv, 64, 0, schedule.config[0], schedule.land_apart)[0] == "convert"
+        assert schedule.config[0] == block_n and schedule.land_slots == 1, schedule
+        assert module._gluon_producer_kind(kv, 64, 0, schedule.config[0], schedule.land_slots)[0] == "convert"
         check_decode(module, device, problem, "gluon")
 
 
@@ -368,12 +368,11 @@ def test_gluon_fp8_landing_ring_and_one_landing_block_both_match_the_reference(
     ring = module.get_decode_schedule(8, 1, device, backend="gluon", merge=merge)
     assert ring.land_slots == module.DECODE_GLUON_LAND_RING_SLOTS > 1, ring
     assert ring.config[0] == 64 and ring.config[2] == module.DECODE_GLUON_LAND_RING_STAGES
-    assert ring.land_apart == (heads > module.DECODE_GLUON_LAND_ROWS)
     kv = torch.empty(2, page_size, 1, dc + 64, dtype=torch.float8_e4m3fn, device=device)
-    assert module._gluon_producer_kind(kv, heads, ring.narrow, ring.config[0], ring.land_apart)[0] == "land"
+    assert module._gluon_producer_kind(kv, heads, ring.narrow, ring.config[0], ring.land_slots)[0] == "land"
     check_decode(module, device, problem, "gluon")
     tuned = module.get_decode_schedule(8, 1, device, backend="gluon", merge=merge, config=module.DECODE_GLUON_DEFAULT)
-    assert tuned.land_slots == 1 and not tuned.land_apart and tuned.config == module.DECODE_GLUON_DEFAULT
+    assert tuned.land_slots == 1 and tuned.config == module.DECODE_GLUON_DEFAULT
     check_decode(module, device, {**problem, "config": tuned.config}, "gluon")
 
 

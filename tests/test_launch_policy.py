@@ -298,34 +298,34 @@ def test_gluon_blocks_chooses_in_one_place_and_counts_long_runs_in_positions():
     )
     large = dict(common, batch_size=128, num_parts=132)
     # two row blocks of a large batch, 16-bit cache: long blocks, the cost rule's 320 positions in 128-blocks
-    assert lp.gluon_blocks(tuned, query_rows=128, **large) == ((128, 168, 2), 3, False, 1)
-    assert lp.gluon_blocks(tuned, query_rows=128, **{**large, "fewest_blocks": 1}) == ((128, 168, 2), 1, False, 1)
-    assert lp.gluon_blocks(tuned, query_rows=64, **large) == (tuned, 5, False, 1)  # one row block keeps its blocks
+    assert lp.gluon_blocks(tuned, query_rows=128, **large) == ((128, 168, 2), 3, 1)
+    assert lp.gluon_blocks(tuned, query_rows=128, **{**large, "fewest_blocks": 1}) == ((128, 168, 2), 1, 1)
+    assert lp.gluon_blocks(tuned, query_rows=64, **large) == (tuned, 5, 1)  # one row block keeps its blocks
     # short runs of a small batch: short blocks, counted in their own blocks (as measured)
     small = dict(common, batch_size=1, num_parts=66)
-    assert lp.gluon_blocks(tuned, query_rows=128, **small) == ((32, 168, 3), 5, False, 1)
+    assert lp.gluon_blocks(tuned, query_rows=128, **small) == ((32, 168, 3), 5, 1)
     # an fp8 cache: the landing ring in the query tile's lower half or beside a query that fills it, where it fits
     fp8 = dict(large, fp8_cache=True)
     for batch_size, num_parts in ((128, 132), (4, 32)):  # (4 sequences in 8 runs each: long runs)
         fp8.update(batch_size=batch_size, num_parts=num_parts)
-        assert lp.gluon_blocks(tuned, query_rows=32, **fp8) == ((64, 168, 2), 5, False, 2)
-        assert lp.gluon_blocks(tuned, query_rows=64, **fp8) == ((64, 168, 2), 5, True, 2)
+        assert lp.gluon_blocks(tuned, query_rows=32, **fp8) == ((64, 168, 2), 5, 2)
+        assert lp.gluon_blocks(tuned, query_rows=64, **fp8) == ((64, 168, 2), 5, 2)
         # Dc 512 (no ring): the tuned blocks (one landing in the query tile's lower half, or rows loaded), in the
         # latency regime's short blocks where the runs are short
         no_ring = {**PLAN_BLOCK_SIZES, "land_ring_slots": 1}
-        assert lp.gluon_blocks(tuned, query_rows=64, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
-        assert lp.gluon_blocks(tuned, query_rows=32, **{**fp8, "sizes": no_ring}) == (tuned, 5, False, 1)
-        assert lp.gluon_blocks(tuned, query_rows=128, **fp8) == (tuned, 5, False, 1)  # rows loaded
+        assert lp.gluon_blocks(tuned, query_rows=64, **{**fp8, "sizes": no_ring}) == (tuned, 5, 1)
+        assert lp.gluon_blocks(tuned, query_rows=32, **{**fp8, "sizes": no_ring}) == (tuned, 5, 1)
+        assert lp.gluon_blocks(tuned, query_rows=128, **fp8) == (tuned, 5, 1)  # rows loaded
     short_runs = dict(fp8, batch_size=1, num_parts=66)
-    assert lp.gluon_blocks(tuned, query_rows=128, **short_runs) == ((32, 168, 3), 5, False, 1)  # B1 H128
-    assert lp.gluon_blocks(tuned, query_rows=64, **{**short_runs, "sizes": no_ring}) == ((32, 168, 3), 5, False, 1)
-    assert lp.gluon_blocks(tuned, query_rows=64, **short_runs) == ((64, 168, 2), 5, True, 2)  # the ring first
+    assert lp.gluon_blocks(tuned, query_rows=128, **short_runs) == ((32, 168, 3), 5, 1)  # B1 H128
+    assert lp.gluon_blocks(tuned, query_rows=64, **{**short_runs, "sizes": no_ring}) == ((32, 168, 3), 5, 1)
+    assert lp.gluon_blocks(tuned, query_rows=64, **short_runs) == ((64, 168, 2), 5, 2)  # the ring first
     # a query in the tile's upper half lands its 64-position blocks in the lower half, short runs or not
-    assert lp.gluon_blocks(tuned, query_rows=32, **{**short_runs, "sizes": no_ring}) == (tuned, 5, False, 1)
+    assert lp.gluon_blocks(tuned, query_rows=32, **{**short_runs, "sizes": no_ring}) == (tuned, 5, 1)
     # a configuration given by the caller is run as given
     given = (64, 200, 2)
     for kwargs in (large, small, fp8):
-        assert lp.gluon_blocks(given, query_rows=128, **{**kwargs, "config_given": True}) == (given, 5, False, 1)
+        assert lp.gluon_blocks(given, query_rows=128, **{**kwargs, "config_given": True}) == (given, 5, 1)
 
 
 def test_combine_step_runs_fewer_for_two_warp_programs_in_crowded_grids():

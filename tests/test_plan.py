@@ -117,11 +117,11 @@ def test_fp8_cache_plan():
         " unused half where Sq * H <= 32 and pages hold whole blocks; else loaded row by row) on compute"
         " capability 9.x"
     )
-    # a landing zone apart (the ring beside a query filling the tile, where it fits): 4 latent chunks a piece, the
+    # a query filling the tile, its landing ring beside it (where the ring fits): 4 latent chunks a piece, the
     # query scaled into float16 a slice of rows at a time
     g = decode.gluon
-    assert g.land_apart_pieces == 8 // 4 + 1
-    assert 0 < g.land_apart_query_slice <= g.block_m and g.block_m % g.land_apart_query_slice == 0
+    assert g.land_full_query_pieces == 8 // 4 + 1
+    assert 0 < g.land_full_query_slice <= g.block_m and g.block_m % g.land_full_query_slice == 0
 
 
 def test_fp8_landing_ring_where_two_blocks_fit_beside_two_stages():
