@@ -588,6 +588,15 @@ VARIANTS = {
             ),
         ],
     ),
+    "combine": (
+        "split sequences merged by the combine launch where the launch policy fuses the merge (rows as M)",
+        [
+            (
+                'return "fused" if backend == "gluon" and not narrow',
+                'return "kernel" if backend == "gluon" and not narrow',
+            )
+        ],
+    ),
     "ring_s3": (
         "the landing ring beside 3 16-bit stages instead of the plan's",
         [('(block_n, registers, sizes["land_ring_stages"])', "(block_n, registers, 3)")],
@@ -605,6 +614,13 @@ VARIANTS = {
     ),
 }
 
+
+def _varied(batch: int, seqlen: int, seed: int) -> list[int]:
+    """Lengths uniform in [S/2, 3S/2), as bench_decode.py's varied cases draw them."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(seqlen // 2, seqlen * 3 // 2, (batch,), generator=gen).tolist()
+
+
 #: (name, bundled spec, heads, lengths)
 CASES = [
     ("H128 B128 S8192", "deepseek-v3-tp1", 128, [8192] * 128),
@@ -621,6 +637,10 @@ CASES = [
     ("Dc256 H64 B128 S8192", "mistral-small-4", 64, [8192] * 128),
     # Dc 256 with two row blocks (as Mistral-Small-4 at Sq 4)
     ("Dc256 H128 B128 S8192", "mistral-small-4", 128, [8192] * 128),
+    # varied lengths: split sequences merged (rows as M: the fused merge, decode_merge)
+    ("H64 B128 S8192 var", "deepseek-v3-tp2", 64, _varied(128, 8192, 5)),
+    ("H128 B128 S8192 var", "deepseek-v3-tp1", 128, _varied(128, 8192, 6)),
+    ("H128 B32 S8192 var", "deepseek-v3-tp1", 128, _varied(32, 8192, 7)),
 ]
 
 

@@ -42,11 +42,19 @@ def _environment() -> jinja2.Environment:
     )
 
 
+def generator_sources() -> list[Path]:
+    """The files that decide a generated module's content besides the spec and tuning: every template, and the
+    pipeline stages that fill them (spec validation, the plan's constants, rendering, the launch policy emitted
+    verbatim), so that a change to any of them makes a new cache entry even within one mlagen version."""
+    package = Path(__file__).resolve().parent
+    stages = [package / name for name in ("spec.py", "plan.py", "render.py")]
+    return [*sorted(template_dir().glob("*.jinja")), *stages, Path(launch_policy.__file__)]
+
+
 def templates_digest() -> str:
-    """Hash of every template's bytes and of the launch policy emitted with them: part of what decides a
-    generated module's content."""
+    """Hash of the generator_sources' bytes: part of what decides a generated module's content."""
     digest = hashlib.sha256()
-    for path in [*sorted(template_dir().glob("*.jinja")), Path(launch_policy.__file__)]:
+    for path in generator_sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
 

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from helpers import SMALL_SPEC
 
-from mlagen_compiler import __version__
+from mlagen_compiler import __version__, render
 from mlagen_compiler.compile import module_source
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.render import templates_digest
@@ -22,13 +22,30 @@ def test_deterministic_and_header():
     assert first == second
     header = first.splitlines()[0]
     assert "render-me" in header and spec.content_hash() in header and __version__ in header
-    assert first.splitlines()[1] == f"# Templates sha256 {templates_digest()}."
+    assert first.splitlines()[1] == f"# Templates and generator sha256 {templates_digest()}."
     assert first.splitlines()[2] == "# Tuned configurations: none (the plan's untuned defaults)."
     tuned = {"decode": {"sm90|*|m16": [32, 4, 3], "sm90|NVIDIA H100 80GB HBM3|m16": [32, 4, 3]}}
     assert module_source(spec, tuned).splitlines()[2] == (
         "# Tuned configurations: decode 2 (tuning database entries measured on NVIDIA H100 80GB HBM3)."
     )
     assert module_source(spec_from_dict({**SPEC, "page_size": 32})) != first
+
+
+def test_a_change_to_the_plan_or_a_template_changes_the_digest(tmp_path, monkeypatch):
+    """The plan's constants decide generated code as much as the templates do: a cached module built before a
+    plan change must not be served after it (one mlagen version, an editable install)."""
+    names = {path.name for path in render.generator_sources()}
+    assert {"plan.py", "spec.py", "render.py", "launch_policy.py", "decode_gluon.py.jinja"} <= names
+    copies = []
+    for path in render.generator_sources():
+        copy = tmp_path / path.name
+        copy.write_bytes(path.read_bytes())
+        copies.append(copy)
+    monkeypatch.setattr(render, "generator_sources", lambda: copies)
+    base = templates_digest()
+    plan_copy = next(copy for copy in copies if copy.name == "plan.py")
+    plan_copy.write_text(plan_copy.read_text() + "\nMERGE_FANIN = 4\n")
+    assert templates_digest() != base
 
 
 def test_generated_imports_only_torch_triton_stdlib():

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Device calls (H100, 2026-11-26, fifteenth session): the Gluon kernel's fused merge loading every member of a
+# merge step at once (_gluon_merge_group, launch_policy.gluon_merge_step), against the combine launch; and the
+# fp8 landing producers after land_apart / LAND_APART became land_slots / FULL_QUERY (PTX equal offline).
+#   bash benchmarks/device_session15.sh a   GPU tests (fused merge trees, fp8 landing and row loading, skewed
+#                                           batches, short blocks), then the latency cases' merges in turn
+#   bash benchmarks/device_session15.sh b   the fused merge's step size (8192 fp32 values in a, now the plan's
+#                                           16384, and 32768) on the latency cases, then its GPU tests again
+#   bash benchmarks/device_session15.sh c   the step sizes and the combine launch at B128 with varied lengths
+#   bash benchmarks/device_session15.sh d   c's cases after the revert: the shipped fused merge and the combine
+# Modes a-c ran benchmarks/results/merge_steps_all_members_2026-11-26.patch (not kept; `git apply` it and
+# regenerate the modules to rerun them; variants merge8k / merge32k of c were text edits of its
+# DECODE_MERGE_STEP_ELEMENTS = 16384, dropped with it).
+# (after the .whl install line)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+case "${1:-a}" in
+a)
+  timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py -k \
+    "gluon and (fused_merge_trees or skewed)" 2>&1 | tail -8 | tee "$OUT/pytest_merge_steps.log"
+  timeout 200 python3 benchmarks/latency_probe.py --merges --only "B8 H16,B1 H16,skewed Sq1" 2>&1 \
+    | tee "$OUT/latency_merges.log" | grep -v "^#" | cut -c1-230
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
+    "gluon and (fp8 or short_and_tuned or narrow)" 2>&1 | tail -8 | tee "$OUT/pytest_fp8_landing.log"
+  ;;
+b)  # the fused merge's step size (fp32 values loaded at once) on the latency cases, against the combine launch
+  timeout 330 python3 benchmarks/latency_probe.py --merges --merge-steps 8192,16384,32768 \
+    --only "B8 H16,skewed Sq1,B1 H128,B8 H128" 2>&1 | tee "$OUT/latency_merge_steps.log" | grep -v "^#" | cut -c1-230
+  timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py -k \
+    "gluon and (fused_merge_trees or skewed or many_runs)" 2>&1 | tail -4 | tee "$OUT/pytest_merge_steps16k.log"
+  ;;
+c)  # the same at B128 with varied lengths (rows as M: the policy fuses), bf16 and fp8, in one process
+  timeout 560 python3 benchmarks/fp8_converter_variants.py --out "$OUT/merges" --only "H64 B128 S8192 var,H128 B32" \
+    --variants merge8k,combine --bf16-variants merge8k,merge32k,combine 2>&1 | tee "$OUT/merge_steps_b128.log" \
+    | grep "^|\|Error"
+  ;;
+d)  # after the all-members merge was reverted: the shipped fused merge against the combine launch, as in c
+  timeout 300 python3 benchmarks/fp8_converter_variants.py --out "$OUT/merges" --only "H64 B128 S8192 var,H128 B32" \
+    --variants combine --bf16-variants combine 2>&1 | tee "$OUT/merges_b128_shipped.log" | grep "^|\|Error"
+  ;;
+esac
