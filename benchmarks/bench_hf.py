@@ -57,6 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt", type=int, default=512, help="longest prompt; others down to half of it")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--page-size", type=int, default=64)
+    parser.add_argument(
+        "--cache-dtype", default=None, help="the patched model's latent cache: float8_e4m3fn (default: bf16)"
+    )
+    parser.add_argument("--kv-scale", type=float, default=None, help="(fp8 cache) every layer's scale (default 1)")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -159,7 +163,9 @@ class Bench:
         torch.manual_seed(args.seed)
         with self.device:  # random initialisation on the device: seconds instead of a minute on the host
             self.reference = AutoModelForCausalLM.from_config(self.config, dtype=self.dtype).eval()
-        self.patched = patch_model(copy.deepcopy(self.reference), page_size=args.page_size, dtype=self.dtype)
+        self.patched = patch_model(
+            copy.deepcopy(self.reference), page_size=args.page_size, dtype=self.dtype, cache_dtype=args.cache_dtype
+        )
         gen = torch.Generator().manual_seed(args.seed + 1)
         lengths = torch.randint(max(1, args.prompt // 2), args.prompt + 1, (args.batch,), generator=gen).tolist()
         lengths[0] = args.prompt
@@ -172,6 +178,8 @@ class Bench:
         patch = self.patched._mlagen_patch
         return {
             "spec": patch.spec.name,
+            "cache_dtype": patch.spec.cache_dtype,
+            "kv_scale": self.args.kv_scale,
             "softmax_scale": patch.module.SOFTMAX_SCALE,
             "ops_namespace": patch.ops.namespace,
             "parameters_m": sum(p.numel() for p in self.reference.parameters()) / 1e6,
@@ -182,7 +190,10 @@ class Bench:
         from mlagen_compiler.integrations.transformers import PagedMLACache
 
         return PagedMLACache(
-            self.patched, max_batch_size=self.args.batch, max_cache_len=self.args.prompt + self.args.new_tokens + extra
+            self.patched,
+            max_batch_size=self.args.batch,
+            max_cache_len=self.args.prompt + self.args.new_tokens + extra,
+            kv_scale=self.args.kv_scale,
         )
 
     def generate(self, model: Any, new_tokens: int, patched: bool) -> Any:

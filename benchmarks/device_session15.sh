@@ -8,6 +8,8 @@
 #                                           16384, and 32768) on the latency cases, then its GPU tests again
 #   bash benchmarks/device_session15.sh c   the step sizes and the combine launch at B128 with varied lengths
 #   bash benchmarks/device_session15.sh d   c's cases after the revert: the shipped fused merge and the combine
+#   bash benchmarks/device_session15.sh e   bench_hf.py with the bf16 cache, then an fp8 one (kv_scale 1), one after
+#                                           the other on one machine (the transformers integration's fp8 cache)
 # Modes a-c ran benchmarks/results/merge_steps_all_members_2026-11-26.patch (not kept; `git apply` it and
 # regenerate the modules to rerun them; variants merge8k / merge32k of c were text edits of its
 # DECODE_MERGE_STEP_ELEMENTS = 16384, dropped with it).
@@ -37,5 +39,11 @@ c)  # the same at B128 with varied lengths (rows as M: the policy fuses), bf16 a
 d)  # after the all-members merge was reverted: the shipped fused merge against the combine launch, as in c
   timeout 300 python3 benchmarks/fp8_converter_variants.py --out "$OUT/merges" --only "H64 B128 S8192 var,H128 B32" \
     --variants combine --bf16-variants combine 2>&1 | tee "$OUT/merges_b128_shipped.log" | grep "^|\|Error"
+  ;;
+e)
+  timeout 280 python3 benchmarks/bench_hf.py --out "$OUT/bench_hf_bf16.json" 2>&1 | tee "$OUT/bench_hf_bf16.log" \
+    | grep "ok (\|teacher\|generate_mlagen\|cuda_graph\|FAIL\|Error"
+  timeout 280 python3 benchmarks/bench_hf.py --cache-dtype float8_e4m3fn --out "$OUT/bench_hf_fp8.json" 2>&1 \
+    | tee "$OUT/bench_hf_fp8.log" | grep "ok (\|teacher\|generate_mlagen\|cuda_graph\|FAIL\|Error"
   ;;
 esac

@@ -14,6 +14,7 @@ import copy
 import math
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -29,6 +30,7 @@ from mlagen_compiler import load_spec  # noqa: E402
 from mlagen_compiler.integrations import transformers as hf  # noqa: E402
 from mlagen_compiler.integrations.transformers import PagedMLACache, patch_model, spec_from_config  # noqa: E402
 from mlagen_compiler.plan import softmax_scale_of  # noqa: E402
+from mlagen_compiler.spec import SpecError  # noqa: E402
 
 TRANSFORMERS_VERSION = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2])
 EPS = {torch.float16: 2.0**-10, torch.bfloat16: 2.0**-7}
@@ -129,6 +131,13 @@ DEEPSEEK_V3 = {  # the MLA fields of DeepSeek-V3's public config.json
 @pytest.mark.parametrize("tp", [1, 2, 4, 8])
 def test_deepseek_v3_config_gives_the_bundled_specs(tp):
     assert spec_from_config(DEEPSEEK_V3, tp_size=tp) == load_spec(f"specs/deepseek-v3-tp{tp}.yaml")
+
+
+def test_an_fp8_cache_gives_the_bundled_fp8_spec():
+    assert spec_from_config(DEEPSEEK_V3, tp_size=8, cache_dtype="float8_e4m3fn") == load_spec(
+        "specs/deepseek-v3-tp8-fp8.yaml"
+    )
+    assert spec_from_config(DEEPSEEK_V3, tp_size=8, cache_dtype=torch.bfloat16).cache_dtype == "bfloat16"
 
 
 # The MLA fields and rope_scaling blocks of the published config.json files (huggingface.co/deepseek-ai/
@@ -254,8 +263,13 @@ def test_spec_from_hf_cli(tmp_path):
     assert result.exit_code == 0, result.output
     assert load_spec(out) == spec_from_config(kimi, tp_size=4, page_size=32)
     assert load_spec(out).name == "kimi-k2-tp4" and load_spec(out).num_heads == 16
+    fp8 = CliRunner().invoke(app, ["spec-from-hf", str(model_dir), "--cache-dtype", "float8_e4m3fn", "-o", str(out)])
+    assert fp8.exit_code == 0, fp8.output
+    assert load_spec(out) == spec_from_config(kimi, cache_dtype="float8_e4m3fn")
+    assert load_spec(out).name == "kimi-k2-tp1-fp8" and load_spec(out).cache_scaled
     for args, fragment in [
         ([str(tmp_path / "none.json")], "no such file"),
+        ([str(model_dir), "--cache-dtype", "int8"], "cache_dtype='int8' is not allowed"),
         ([str(model_dir), "--tp-size", "3"], "tp_size=3 does not divide num_attention_heads=64"),
         ([str(out)], "not valid JSON"),
     ]:
@@ -380,6 +394,82 @@ def test_reorder_cache_copies_sequences():
     close(logits, expected.expand(2, 1, VOCAB), dtype)
     cache.reset()
     assert cache.get_seq_length() == 0 and cache.lengths == [0, 0]
+
+
+def dequantised_cache_writes(model, kv_scale: float) -> None:
+    """The 16-bit patched `model` writes into its cache what an fp8 cache with `kv_scale` holds, dequantised:
+    latent / kv_scale saturated to +-448 and rounded to e4m3 by torch, times kv_scale (exact in 16 bits for a
+    power-of-two scale)."""
+    patch = model._mlagen_patch
+    write = patch.ops.cache_write
+
+    def quantised(values):
+        scaled = (values.float() / kv_scale).clamp(-448, 448)
+        return (scaled.to(torch.float8_e4m3fn).float() * kv_scale).to(values.dtype)
+
+    def cache_write(c_kv, k_pe, kv_cache, slots, kv_scale_arg=None):
+        assert kv_scale_arg is None  # (a 16-bit cache)
+        write(quantised(c_kv), quantised(k_pe), kv_cache, slots, None)
+
+    patch.ops = SimpleNamespace(**{**vars(patch.ops), "cache_write": cache_write})
+
+
+@CPU_MODEL
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_fp8_cache_model_reads_what_its_cache_holds(dtype, modes):
+    """A model patched for an fp8 cache (kv_scale 0.25 in every layer) gives, step by step, the logits of the
+    16-bit patched model whose cache holds the same values dequantised: prefill, decode and chunked prefill
+    read its e4m3 rows and their scale right, to the 16-bit tolerance."""
+    reference = tiny_v3(seed=31)
+    fp8 = patch_model(copy.deepcopy(reference), page_size=16, dtype=dtype, cache_dtype="float8_e4m3fn")
+    sixteen = patched(reference, dtype)
+    dequantised_cache_writes(sixteen, 0.25)
+    fp8_cache = poisoned_cache(fp8, max_batch_size=3, max_cache_len=40, kv_scale=0.25)
+    cache = poisoned_cache(sixteen, max_batch_size=3, max_cache_len=40)
+    assert fp8_cache.kv_cache(0).dtype == torch.float8_e4m3fn and fp8_cache.kv_scale(1).tolist() == [0.25]
+    assert fp8._mlagen_patch.spec.name.endswith("-fp8") and cache.kv_scale(0) is None
+    gen = torch.Generator().manual_seed(32)
+    with torch.no_grad():
+        for n in (7, 1, 1, 6, 3):
+            ids = torch.randint(1, VOCAB, (2, n), generator=gen)
+            close(fp8(ids, past_key_values=fp8_cache).logits, sixteen(ids, past_key_values=cache).logits, dtype)
+    assert modes == [mode for mode in ["prefill", "decode", "decode", "chunked", "decode"] for _ in range(2)]
+    # beam search moves fp8 pages too: both rows continue sequence 1
+    fp8_cache.reorder_cache(torch.tensor([1, 1]))
+    cache.reorder_cache(torch.tensor([1, 1]))
+    token = torch.randint(1, VOCAB, (1, 1), generator=gen).expand(2, 1)
+    with torch.no_grad():
+        logits = fp8(token, past_key_values=fp8_cache).logits
+        close(logits, sixteen(token, past_key_values=cache).logits, dtype)
+    close(logits[0], logits[1], dtype)
+
+
+@CPU_MODEL
+def test_fp8_cache_arguments_are_checked():
+    reference = tiny_v3(seed=33)
+    fp8 = patch_model(copy.deepcopy(reference), page_size=16, dtype=torch.float16, cache_dtype=torch.float8_e4m3fn)
+    assert all(PagedMLACache(fp8, max_batch_size=1, max_cache_len=8).kv_scale(i).item() == 1.0 for i in range(2))
+    per_layer = PagedMLACache(fp8, max_batch_size=1, max_cache_len=8, kv_scale=[0.5, 2])
+    assert [per_layer.kv_scale(i).item() for i in range(2)] == [0.5, 2.0]
+    for bad, message in [
+        (0.0, "layer 0's scale 0.0 must be a finite float > 0"),
+        (float("inf"), "layer 0's scale inf must be a finite float > 0"),
+        ([1.0, -1.0], "layer 1's scale -1.0 must be a finite float > 0"),
+        ([1.0], "a sequence of 2 \\(one per attention layer\\)"),
+        (True, "a sequence of 2"),
+        ("1.0", "a sequence of 2"),
+    ]:
+        with pytest.raises(ValueError, match=f"kv_scale={re.escape(repr(bad))} is not allowed: .*{message}"):
+            PagedMLACache(fp8, max_batch_size=1, max_cache_len=8, kv_scale=bad)
+    sixteen = patched(reference, torch.float16)
+    with pytest.raises(ValueError, match="kv_scale=0.5 is not allowed: the model was patched for a float16 cache"):
+        PagedMLACache(sixteen, max_batch_size=1, max_cache_len=8, kv_scale=0.5)
+    with pytest.raises(
+        SpecError, match="cache_dtype='bfloat16' is not allowed: must be the kernels' dtype \\(float16\\)"
+    ):
+        patch_model(copy.deepcopy(reference), dtype=torch.float16, cache_dtype="bfloat16")
+    with pytest.raises(ValueError, match="already patched .* cache float8_e4m3fn"):
+        patch_model(fp8, page_size=16, dtype=torch.float16)
 
 
 #: transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name deprecated until 5.40)

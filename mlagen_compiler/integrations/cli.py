@@ -19,6 +19,10 @@ def register(app: typer.Typer, one_line_errors: Callable, usage_error: type[Exce
         tp_size: Annotated[int, typer.Option("--tp-size", help="tensor-parallel ranks the heads are split over")] = 1,
         page_size: Annotated[int, typer.Option("--page-size", help="tokens per cache page (power of two)")] = 64,
         name: Annotated[str | None, typer.Option("--name", help="spec name (default <model_type>-tp<N>)")] = None,
+        cache_dtype: Annotated[
+            str | None,
+            typer.Option("--cache-dtype", help="latent cache storage: float8_e4m3fn (default: the spec's dtype)"),
+        ] = None,
         output: Annotated[Path | None, typer.Option("-o", "--output", help="YAML file to write (or stdout)")] = None,
     ) -> None:
         """Derive the MLA spec of a DeepSeek-V2/V3-style config (heads per rank, softmax scale with YaRN)."""
@@ -26,7 +30,9 @@ def register(app: typer.Typer, one_line_errors: Callable, usage_error: type[Exce
 
         if output is not None and output.is_dir():
             raise usage_error(f"-o {output}: is a directory; name the YAML file to write")
-        spec = spec_from_config(read_hf_config(config), name=name, page_size=page_size, tp_size=tp_size)
+        spec = spec_from_config(
+            read_hf_config(config), name=name, page_size=page_size, tp_size=tp_size, cache_dtype=cache_dtype
+        )
         text = spec_yaml(spec, str(config))
         if output is None:
             typer.echo(text, nl=False)

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ..plan import softmax_scale_of
-from ..spec import MLASpec, SpecError, spec_from_dict
+from ..spec import SCALED_CACHE_DTYPES, MLASpec, SpecError, spec_from_dict
 
 __all__ = ["hf_softmax_scale", "read_hf_config", "spec_from_config", "spec_yaml"]
 
@@ -73,12 +73,14 @@ def spec_from_config(
     page_size: int = 64,
     tp_size: int = 1,
     dtype: str | Any | None = None,
+    cache_dtype: str | Any | None = None,
 ) -> MLASpec:
     """The MLA spec of one attention layer of `config` as seen by one of `tp_size` tensor-parallel ranks.
 
     config: a transformers config (DeepseekV2Config, DeepseekV3Config, ...) or a config.json dict with the same
     MLA fields. name: default ``<model_type>-tp<tp_size>`` (``deepseek-v3-tp8``). dtype: "bfloat16" /
-    "float16" or a torch dtype; default the config's own when it is one of those, else bfloat16.
+    "float16" or a torch dtype; default the config's own when it is one of those, else bfloat16. cache_dtype:
+    the latent cache's storage, "float8_e4m3fn" or a torch dtype (the spec's field; default: dtype).
     The spec emits decode and prefill kernels; its softmax scale equals the model's (checked here).
     """
     missing = [field for field in _REQUIRED if _field(config, field) is None]
@@ -102,9 +104,15 @@ def spec_from_config(
         dtype_name = str(dtype).removeprefix("torch.")
         if dtype_name not in _HALF_DTYPES:
             raise SpecError(f"dtype={dtype!r} is not allowed: must be bfloat16 or float16")
+    cache_name = None if cache_dtype is None else str(cache_dtype).removeprefix("torch.")
+    if cache_name is not None and cache_name not in (dtype_name, *SCALED_CACHE_DTYPES):
+        raise SpecError(
+            f"cache_dtype={cache_dtype!r} is not allowed: must be the kernels' dtype ({dtype_name}) or one of "
+            f"{', '.join(SCALED_CACHE_DTYPES)}"
+        )
     if name is None:
         model_type = str(_field(config, "model_type") or "mla").lower().replace("_", "-")
-        name = f"{model_type}-tp{tp_size}"
+        name = f"{model_type}-tp{tp_size}" + ("-fp8" if cache_name in SCALED_CACHE_DTYPES else "")
     q_lora_rank = _field(config, "q_lora_rank")
     fields: dict[str, Any] = {
         "name": name,
@@ -115,6 +123,7 @@ def spec_from_config(
         "v_head_dim": int(_field(config, "v_head_dim")),
         "q_lora_rank": None if q_lora_rank is None else int(q_lora_rank),
         "dtype": dtype_name,
+        "cache_dtype": cache_name,
         "page_size": page_size,
         "kernels": ["decode", "prefill"],
     }

@@ -6,6 +6,10 @@
     cache = PagedMLACache(model, max_batch_size=8, max_cache_len=4096)
     out = model.generate(**tokenizer(prompts, return_tensors="pt", padding=True), past_key_values=cache)
 
+An fp8 latent cache (``patch_model(model, cache_dtype="float8_e4m3fn")``) stores each layer's rows as
+latent / kv_scale in e4m3 (``PagedMLACache(..., kv_scale=...)``: one scale for every layer or one per layer,
+default 1.0 as vLLM's; the kernels dequantise in registers), half the bytes of a 16-bit cache.
+
 `patch_model` replaces the forward of every MLA attention module (DeepSeek-V2/V3 and models sharing their
 code and config fields, e.g. Kimi-K2) in place. Per step, for every layer:
 
@@ -30,7 +34,7 @@ from __future__ import annotations
 
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import MethodType, ModuleType, SimpleNamespace
@@ -162,10 +166,12 @@ class _PagedLatentLayer(CacheLayerMixin):
     is_compileable = False  # generate must keep passing the 2-D mask, which decides the padding
     is_sliding = False
 
-    def __init__(self, owner: PagedMLACache, kv: Tensor) -> None:
+    def __init__(self, owner: PagedMLACache, kv: Tensor, kv_scale: Tensor | None) -> None:
         super().__init__()
         self.owner = owner
         self.kv = kv
+        #: (fp8 cache) the layer's float32 [1] scale: stored rows are latent / kv_scale; None for a 16-bit cache
+        self.kv_scale = kv_scale
         self.is_initialized = True
 
     def lazy_initialization(self, key_states: Tensor, value_states: Tensor) -> None:
@@ -206,9 +212,22 @@ class PagedMLACache(Cache):
     ``block_table`` (pages of different sequences interleave, so tables are never trivially contiguous).
     ``lengths[b]`` counts the tokens of sequence b (padding excluded); ``get_seq_length()`` counts the
     columns fed so far (padding included), as transformers' own caches do.
+
+    With a model patched for an fp8 cache (``cache_dtype="float8_e4m3fn"``) the rows are stored as
+    latent / kv_scale in e4m3: kv_scale is one positive float for every layer or a sequence of one per layer
+    (default 1.0, vLLM's default; max |latent| / 448 of a calibration run keeps the largest values in range).
+    Values beyond 448 * kv_scale saturate. A 16-bit cache takes no kv_scale.
     """
 
-    def __init__(self, model: nn.Module, *, max_batch_size: int, max_cache_len: int, page_size: int | None = None):
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        max_batch_size: int,
+        max_cache_len: int,
+        page_size: int | None = None,
+        kv_scale: float | Sequence[float] | None = None,
+    ):
         patch = _patch_of(model)
         if patch is None:
             raise ValueError("model: not patched by mlagen: call patch_model(model) before PagedMLACache(model, ...)")
@@ -229,10 +248,11 @@ class PagedMLACache(Cache):
         device = patch.device
         num_pages = max_batch_size * self.pages_per_sequence
         width = patch.spec.kv_lora_rank + patch.spec.qk_rope_head_dim
-        dtype = getattr(torch, patch.spec.dtype)
+        dtype = getattr(torch, patch.spec.cache_dtype)
+        scales = _layer_scales(kv_scale, patch)
         layers = [
-            _PagedLatentLayer(self, torch.empty(num_pages, self.page_size, 1, width, dtype=dtype, device=device))
-            for _ in range(patch.num_layers)
+            _PagedLatentLayer(self, torch.empty(num_pages, self.page_size, 1, width, dtype=dtype, device=device), scale)
+            for scale in scales
         ]
         super().__init__(layers=layers)
         # page j of sequence b is page j * max_batch_size + b
@@ -255,6 +275,10 @@ class PagedMLACache(Cache):
     def kv_cache(self, layer_idx: int) -> Tensor:
         """Layer `layer_idx`'s paged latent cache [num_pages, page_size, 1, Dc+Dr]."""
         return self.layers[layer_idx].kv
+
+    def kv_scale(self, layer_idx: int) -> Tensor | None:
+        """(fp8 cache) layer `layer_idx`'s float32 [1] scale (stored = latent / kv_scale); None for 16 bits."""
+        return self.layers[layer_idx].kv_scale
 
     def _check_batch(self, batch: int) -> None:
         if batch > self.max_batch_size:
@@ -311,7 +335,9 @@ class PagedMLACache(Cache):
         source = self.block_table[index.to(device)].flatten().long()
         target = self.block_table[: index.numel()].flatten().long()
         for layer in self.layers:
-            layer.kv[target] = layer.kv[source].clone()
+            # (one-byte caches as bytes: not every indexing kernel takes float8 on every device)
+            rows = layer.kv.view(torch.uint8) if layer.kv.element_size() == 1 else layer.kv
+            rows[target] = rows[source].clone()
         self.lengths = [self.lengths[i] for i in index.tolist()] + [0] * (self.max_batch_size - index.numel())
         self.active_batch = index.numel()
 
@@ -334,6 +360,33 @@ class _Patch:
 
 def _patch_of(model: nn.Module) -> _Patch | None:
     return getattr(model, "_mlagen_patch", None)
+
+
+def _layer_scales(kv_scale: float | Sequence[float] | None, patch: _Patch) -> list[Tensor | None]:
+    """Each layer's kv_scale as a float32 [1] tensor on the model's device (an fp8 cache), or None (16 bits)."""
+    spec = patch.spec
+    if not spec.cache_scaled:
+        if kv_scale is not None:
+            raise ValueError(
+                f"kv_scale={kv_scale!r} is not allowed: the model was patched for a {spec.cache_dtype} cache, which "
+                f"stores the latent itself; patch_model(model, cache_dtype='float8_e4m3fn') stores it scaled"
+            )
+        return [None] * patch.num_layers
+    scales = [1.0] * patch.num_layers if kv_scale is None else kv_scale
+    if isinstance(scales, (int, float)) and not isinstance(scales, bool):
+        scales = [scales] * patch.num_layers
+    if not isinstance(scales, Sequence) or isinstance(scales, str) or len(scales) != patch.num_layers:
+        raise ValueError(
+            f"kv_scale={kv_scale!r} is not allowed: give one positive float for every layer or a sequence of "
+            f"{patch.num_layers} (one per attention layer)"
+        )
+    for layer, value in enumerate(scales):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number or not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"kv_scale={kv_scale!r} is not allowed: layer {layer}'s scale {value!r} must be a finite float > 0"
+            )
+    return [torch.tensor([float(value)], dtype=torch.float32, device=patch.device) for value in scales]
 
 
 def _rope_function(attn: nn.Module) -> Any:
@@ -381,15 +434,16 @@ def _mla_attention_forward(
     k_pe = k_pe.reshape(batch * seqlen, dr)
     c_kv = c_kv.reshape(batch * seqlen, dc)
 
-    kv_cache = None
+    kv_cache = kv_scale = None
     if step.cache is not None:
-        kv_cache = step.cache.kv_cache(self.layer_idx)
-        ops.cache_write(c_kv.to(kdtype), k_pe.to(kdtype), kv_cache, step.slots)
+        kv_cache, kv_scale = step.cache.kv_cache(self.layer_idx), step.cache.kv_scale(self.layer_idx)
+        ops.cache_write(c_kv.to(kdtype), k_pe.to(kdtype), kv_cache, step.slots, kv_scale)
 
     if step.mode == "decode":
         q_abs = torch.einsum("bshn,hnc->bshc", q_nope, self.mlagen_w_uk)  # absorbed: W_UK^T q_nope
         q_full = torch.cat([q_abs, q_pe], dim=-1).to(kdtype)
-        o_lat, _ = ops.decode(q_full, kv_cache, step.block_table, step.cache_seqlens)  # the spec's scale: the model's
+        # (softmax scale None: the spec's, which is the model's)
+        o_lat, _ = ops.decode(q_full, kv_cache, step.block_table, step.cache_seqlens, None, kv_scale)
         out = torch.einsum("bshc,hvc->bshv", o_lat.to(hidden_states.dtype), self.mlagen_w_uv)
         out = out.reshape(batch, seqlen, heads * spec.v_head_dim)
     else:
@@ -405,6 +459,7 @@ def _mla_attention_forward(
             attn, _ = ops.chunked_prefill(
                 q_mha, k_nope, k_rope, value, step.cu_seqlens, step.max_seqlen, kv_cache, step.block_table,
                 step.prefix_lens, self.mlagen_w_uk_kernel, self.mlagen_w_uv_kernel, sum(step.lengths_before),
+                None, kv_scale,
             )  # fmt: skip
         # padding rows get zeros: nothing attends to them and their outputs are not results
         out = hidden_states.new_zeros(batch * seqlen, heads * spec.v_head_dim)
@@ -519,13 +574,20 @@ def _mla_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if all(hasattr(m, part) for part in _MLA_PARTS)]
 
 
-def patch_model(model: nn.Module, *, page_size: int = 64, dtype: torch.dtype | str | None = None) -> nn.Module:
+def patch_model(
+    model: nn.Module,
+    *,
+    page_size: int = 64,
+    dtype: torch.dtype | str | None = None,
+    cache_dtype: torch.dtype | str | None = None,
+) -> nn.Module:
     """Run every MLA attention of a transformers model through mlagen kernels (in place; returns `model`).
 
     page_size: tokens per page of the PagedMLACache. dtype: the kernels' dtype (query, latent cache, output):
     bfloat16 or float16; default the model's when it is one of those, else bfloat16 (projections, rope and
-    the absorption products stay in the model's dtype). Patch after loading the weights: W_UK / W_UV are
-    taken from ``kv_b_proj`` now. Calling it again with the same arguments does nothing.
+    the absorption products stay in the model's dtype). cache_dtype: the PagedMLACache's storage, dtype
+    (default) or float8_e4m3fn (latent / kv_scale, see PagedMLACache). Patch after loading the weights:
+    W_UK / W_UV are taken from ``kv_b_proj`` now. Calling it again with the same arguments does nothing.
     """
     attns = _mla_modules(model)
     if not attns:
@@ -535,13 +597,13 @@ def patch_model(model: nn.Module, *, page_size: int = 64, dtype: torch.dtype | s
     param = next(model.parameters())
     if dtype is None:
         dtype = param.dtype if param.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
-    spec = spec_from_config(attns[0].config, page_size=page_size, dtype=dtype)
+    spec = spec_from_config(attns[0].config, page_size=page_size, dtype=dtype, cache_dtype=cache_dtype)
     existing = _patch_of(model)
     if existing is not None:
         if existing.spec != spec:
-            raise ValueError(f"model: already patched with spec {existing.spec.name} ({existing.spec.dtype}, page "
-                             f"size {existing.spec.page_size}); patch a fresh model for page_size={page_size}, "
-                             f"dtype={dtype}")  # fmt: skip
+            raise ValueError(f"model: already patched with spec {existing.spec.name} ({existing.spec.dtype}, cache "
+                             f"{existing.spec.cache_dtype}, page size {existing.spec.page_size}); patch a fresh model "
+                             f"for page_size={page_size}, dtype={dtype}, cache_dtype={cache_dtype}")  # fmt: skip
         return model
     module = load(spec)
     patch = _Patch(spec, module, module.ops, param.device, max(a.layer_idx for a in attns) + 1)
