@@ -10,6 +10,11 @@
 #   bash benchmarks/device_session15.sh d   c's cases after the revert: the shipped fused merge and the combine
 #   bash benchmarks/device_session15.sh e   bench_hf.py with the bf16 cache, then an fp8 one (kv_scale 1), one after
 #                                           the other on one machine (the transformers integration's fp8 cache)
+#   bash benchmarks/device_session15.sh f   e's fp8 graph step was slower: bench_hf's decode lengths, bf16 and fp8
+#   bash benchmarks/device_session15.sh g   fp8 small batches: the sweep (fewest blocks a run 1-3 beside the plan's
+#                                           5) at bench_hf's lengths, S2048 and S8192
+#   bash benchmarks/device_session15.sh h   after gluon_small_batch_schedule gives fp8 small batches one-block runs:
+#                                           the latency cases (fp8, then bf16), bench_hf.py fp8, the fp8 GPU tests
 # Modes a-c ran benchmarks/results/merge_steps_all_members_2026-11-26.patch (not kept; `git apply` it and
 # regenerate the modules to rerun them; variants merge8k / merge32k of c were text edits of its
 # DECODE_MERGE_STEP_ELEMENTS = 16384, dropped with it).
@@ -45,5 +50,25 @@ e)
     | grep "ok (\|teacher\|generate_mlagen\|cuda_graph\|FAIL\|Error"
   timeout 280 python3 benchmarks/bench_hf.py --cache-dtype float8_e4m3fn --out "$OUT/bench_hf_fp8.json" 2>&1 \
     | tee "$OUT/bench_hf_fp8.log" | grep "ok (\|teacher\|generate_mlagen\|cuda_graph\|FAIL\|Error"
+  ;;
+f)
+  for cache in bf16 fp8; do
+    timeout 200 python3 benchmarks/latency_probe.py --quick --only "B8 H16 short" --cache $cache 2>&1 \
+      | tee "$OUT/latency_short_$cache.log" | grep -v "^#\|Warn\|warn" | cut -c1-230
+  done
+  ;;
+g)
+  timeout 540 python3 benchmarks/latency_probe.py --only "B8 H16 short,B8 H16 S2048,B8 H16" --cache fp8 2>&1 \
+    | tee "$OUT/latency_fp8_small_sweep.log" | grep "gluon" | cut -c1-200
+  ;;
+h)
+  for cache in fp8 bf16; do
+    timeout 120 python3 benchmarks/latency_probe.py --quick --only "B8 H16,skewed Sq1" --cache $cache 2>&1 \
+      | tee "$OUT/latency_small_runs_$cache.log" | grep "gluon kernel" | cut -c1-200
+  done
+  timeout 150 python3 benchmarks/bench_hf.py --cache-dtype float8_e4m3fn --out "$OUT/bench_hf_fp8_short_runs.json" \
+    2>&1 | tee "$OUT/bench_hf_fp8_short_runs.log" | grep "teacher_forced | mlagen_decode\|cuda_graph | graph\|FAIL"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
+    "gluon and (fp8 or skewed or narrow)" 2>&1 | tail -4 | tee "$OUT/pytest_fp8_short_runs.log"
   ;;
 esac

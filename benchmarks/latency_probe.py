@@ -83,6 +83,9 @@ CASES = [
     Case("B1 H128", v3_spec(128), 128, [8192], graph=True),
     Case("B8 H128", v3_spec(128), 128, [8192] * 8, graph=True),
     Case("Mistral-S4 B8", "mistral-small-4", 32, [8192] * 8, graph=True),
+    # bench_hf.py's decode steps: its prompts (256-512 tokens) and a few new ones
+    Case("B8 H16 short", v3_spec(16), 16, [520, 444, 276, 266, 400, 378, 321, 305], graph=True),
+    Case("B8 H16 S2048", v3_spec(16), 16, [2048] * 8, graph=True),
 ]
 
 

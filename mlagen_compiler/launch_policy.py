@@ -249,8 +249,9 @@ def gluon_narrow_rows(query_rows, narrow_rows):
 def gluon_small_batch_schedule(sm_count, *, narrow, batch_size, small_batch, min_blocks_per_part, fp8_cache):
     """(program slots, fewest cache blocks a run) of a Gluon launch: every SM and the plan's cost rule, but
     for a small batch (at most small_batch sequences) in the narrow form (narrow: its width, 0 where rows are
-    the MMAs' M) with a 16-bit cache, half the SMs and runs as short as one block. Such a launch reads the
-    cache no faster with more programs, and every run adds a partial result for the combine to read.
+    the MMAs' M) runs as short as one block, on half the SMs with a 16-bit cache. Such a launch reads a
+    16-bit cache no faster with more programs, and every run adds a partial result for the combine to read;
+    an fp8 cache keeps every SM (below).
 
     Measured on the H100 (bf16, 2026-11-25, graph-replayed; latency_probe.py --parts, bench_decode.py):
     lengths [4641, 45118, 1730, 1696] H16 Sq1 36.4-36.7 us at 64-66 runs against 38.3-38.9 at 132 (combine
@@ -258,10 +259,13 @@ def gluon_small_batch_schedule(sm_count, *, narrow, batch_size, small_batch, min
     blocks against 16.2 at 132 with the cost rule's five (26 runs). Left out: rows as M (Sq4 of that batch:
     57.7 at 66 against 61.7, but B8 H128 and other compute-bound small batches need every SM), and an fp8
     cache, whose landing producer keeps one block in flight a program (B8 H16 46.2 against 33.1 us, the
-    skewed batch 47.8 against 36.1).
+    skewed batch 47.8 against 36.1). With an fp8 cache every SM, runs as short as one block (H100, 2026-11-26,
+    fp8, graph-replayed, latency_probe.py, latency_fp8_small_sweep_h100_2026-11-26.log): B8 H16 at bench_hf.py's
+    lengths (266-520) 16.4 us against 27.4 with the cost rule's five blocks, S2048 17.1 against 26.8, S8192
+    33.3 against 33.0-33.5 (128 runs of 8 blocks either way).
     """
-    if narrow and batch_size <= small_batch and not fp8_cache:
-        return max(1, sm_count // 2), 1
+    if narrow and batch_size <= small_batch:
+        return (sm_count if fp8_cache else max(1, sm_count // 2)), 1
     return sm_count, min_blocks_per_part
 
 

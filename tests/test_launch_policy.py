@@ -372,8 +372,9 @@ def test_gluon_narrow_form_up_to_its_row_limit():
 def test_gluon_small_narrow_batches_take_half_the_sms_and_short_runs():
     common = dict(small_batch=8, min_blocks_per_part=5, fp8_cache=False)
     assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=1, **common) == (66, 1)
-    # an fp8 cache's landing producer needs every SM
-    assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=1, **{**common, "fp8_cache": True}) == (132, 5)
+    # an fp8 cache's landing producer needs every SM (short runs all the same)
+    assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=1, **{**common, "fp8_cache": True}) == (132, 1)
+    assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=9, **{**common, "fp8_cache": True}) == (132, 5)
     assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=8, **common) == (66, 1)
     # a larger batch, or rows as the MMAs' M (narrow 0): every SM and the cost rule
     assert lp.gluon_small_batch_schedule(132, narrow=16, batch_size=9, **common) == (132, 5)
