@@ -15,6 +15,8 @@
 #                                           5) at bench_hf's lengths, S2048 and S8192
 #   bash benchmarks/device_session15.sh h   after gluon_small_batch_schedule gives fp8 small batches one-block runs:
 #                                           the latency cases (fp8, then bf16), bench_hf.py fp8, the fp8 GPU tests
+#   bash benchmarks/device_session15.sh i   the final code's GPU tests: the Gluon property test (ci profile), the
+#                                           Gluon backend, prepared launches, the integration's CUDA-graph test
 # Modes a-c ran benchmarks/results/merge_steps_all_members_2026-11-26.patch (not kept; `git apply` it and
 # regenerate the modules to rerun them; variants merge8k / merge32k of c were text edits of its
 # DECODE_MERGE_STEP_ELEMENTS = 16384, dropped with it).
@@ -70,5 +72,12 @@ h)
     2>&1 | tee "$OUT/bench_hf_fp8_short_runs.log" | grep "teacher_forced | mlagen_decode\|cuda_graph | graph\|FAIL"
   timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py tests/test_fp8.py -k \
     "gluon and (fp8 or skewed or narrow)" 2>&1 | tail -4 | tee "$OUT/pytest_fp8_short_runs.log"
+  ;;
+i)
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 300 python3 -m pytest -q -p no:cacheprovider \
+    "tests/test_decode.py::test_decode_matches_reference[gluon]" 2>&1 | tail -4 | tee "$OUT/pytest_property_gluon.log"
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout 260 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_backend.py \
+    tests/test_prepared_launch.py tests/test_integration_transformers.py 2>&1 | tail -4 \
+    | tee "$OUT/pytest_backend_launch_hf.log"
   ;;
 esac
