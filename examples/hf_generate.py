@@ -33,20 +33,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", help="a config.json or a model directory (default: a small random DeepSeek-V3)")
     parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument(
+        "--cache-dtype", help="the latent cache's storage: float8_e4m3fn (kv_scale 1; default: the kernels' bfloat16)"
+    )
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     config = AutoConfig.from_pretrained(args.config) if args.config else small_config()
 
     # 1. the spec of one attention layer, derived from the config (YaRN scale included), compiled once
-    spec = spec_from_config(config, dtype="bfloat16")
-    print(f"spec {spec.name}: {spec.num_heads} heads, Dc {spec.kv_lora_rank}, Dr {spec.qk_rope_head_dim}")
+    spec = spec_from_config(config, dtype="bfloat16", cache_dtype=args.cache_dtype)
+    print(f"spec {spec.name}: {spec.num_heads} heads, Dc {spec.kv_lora_rank}, Dr {spec.qk_rope_head_dim}, "
+          f"cache {spec.cache_dtype}")  # fmt: skip
     mlagen_compiler.load(spec)  # patch_model loads the same module from the compile cache
 
     # 2. a model with random weights (from_pretrained works the same way); patch a copy in place
     torch.manual_seed(0)
     reference = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
-    model = patch_model(copy.deepcopy(reference), page_size=64, dtype=torch.bfloat16)
+    model = patch_model(copy.deepcopy(reference), page_size=64, dtype=torch.bfloat16, cache_dtype=args.cache_dtype)
 
     # 3. a left-padded batch of prompts of different lengths, as a tokenizer gives them
     lengths = [12, 5]
