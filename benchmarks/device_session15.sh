@@ -17,6 +17,8 @@
 #                                           the latency cases (fp8, then bf16), bench_hf.py fp8, the fp8 GPU tests
 #   bash benchmarks/device_session15.sh i   the final code's GPU tests: the Gluon property test (ci profile), the
 #                                           Gluon backend, prepared launches, the integration's CUDA-graph test
+#   bash benchmarks/device_session15.sh j   B1 H16 (the portable kernel's case): every (block_n, warps, stages), bf16
+#                                           and fp8 (the "w" column is the Gluon kernel's registers for gluon rows)
 # Modes a-c ran benchmarks/results/merge_steps_all_members_2026-11-26.patch (not kept; `git apply` it and
 # regenerate the modules to rerun them; variants merge8k / merge32k of c were text edits of its
 # DECODE_MERGE_STEP_ELEMENTS = 16384, dropped with it).
@@ -79,5 +81,11 @@ i)
   MLAGEN_HYPOTHESIS_PROFILE=ci timeout 260 python3 -m pytest -q -p no:cacheprovider tests/test_gluon_backend.py \
     tests/test_prepared_launch.py tests/test_integration_transformers.py 2>&1 | tail -4 \
     | tee "$OUT/pytest_backend_launch_hf.log"
+  ;;
+j)
+  for cache in bf16 fp8; do
+    timeout 250 python3 benchmarks/latency_probe.py --configs --only "B1 H16" --cache $cache 2>&1 \
+      | tee "$OUT/latency_b1_configs_$cache.log" | grep "B1 H16" | cut -c1-200
+  done
   ;;
 esac

@@ -2,7 +2,7 @@
 
     python benchmarks/latency_probe.py [--only NAME,...] [--cache bf16|fp8]
         [--quick | --tiles | --parts | --runs | --steps [--step-scales 1,2,4] | --partials | --keep | --blocks
-         | --minblocks | --thread-steps | --landing | --merges]
+         | --minblocks | --thread-steps | --landing | --merges | --configs]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64; a bf16
 cache, or an fp8 one of the same geometry with --cache fp8)
@@ -32,6 +32,9 @@ short blocks, the cost rule's positions a run), in turn, twice; then 3 and 8.
 
 --thread-steps: auto's schedule with the combine's runs a step as combine_step_runs_for_warps sets them and
 as the tile's (the rule off), in turn, twice.
+
+--configs: the portable kernel's default schedule, then with block_n 32 / 64, 2 / 4 / 8 warps and 1 / 2 stages
+given (its runs as the schedule plans them for that block size).
 
 --merges: the Gluon kernel's default schedule with the combine launch and with the fused merge (the last run of
 a split sequence to finish merges it), in turn, twice; --merge-steps 8192,16384 times the fused merge with each
@@ -200,6 +203,13 @@ def run_case(
         knobs_list = [dict(backend="gluon", merge="kernel", short=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "thread_steps":  # the combine's runs a step by combine_step_runs_for_warps, or the tile's
         knobs_list = [dict(thread_steps=flag) for _ in range(2) for flag in (1, 0)]
+    elif mode == "configs":  # the portable kernel's default schedule, then tile configurations given
+        knobs_list = [dict(backend="triton", merge="kernel")] + [
+            dict(backend="triton", merge="kernel", config=(block_n, warps, stages))
+            for block_n in (32, 64)
+            for warps in (2, 4, 8)
+            for stages in (1, 2)
+        ]
     elif mode == "merges":  # the Gluon kernel's default schedule with the combine launch or the fused merge
         knobs_list = [
             knobs
@@ -303,7 +313,8 @@ def run_case(
             lines.append(f"{case.name} {knobs}: {type(error).__name__}: {str(error)[:200]}")
             continue
         cfg = (
-            f"{schedule.backend} {schedule.merge} m{schedule.block_m} n{schedule.config[0]} s{schedule.config[2]} "
+            f"{schedule.backend} {schedule.merge} m{schedule.block_m} n{schedule.config[0]} w{schedule.config[1]} "
+            f"s{schedule.config[2]} "
             f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''}"
             f"{' sequence-runs' if schedule.sequence_runs else ''}"
             f"{' land-apart' if getattr(schedule, 'land_apart', False) else ''}"  # (schedules before session 15)
@@ -344,6 +355,7 @@ def main() -> int:
     parser.add_argument("--cache", choices=("bf16", "fp8"), default="bf16", help="the latent cache's storage")
     parser.add_argument("--landing", action="store_true", help="(fp8) the landing policy as it is, or off")
     parser.add_argument("--merges", action="store_true", help="the Gluon kernel's combine launch and fused merge")
+    parser.add_argument("--configs", action="store_true", help="the portable kernel at every (block_n, warps, stages)")
     parser.add_argument(
         "--merge-steps", default="0", help="--merges: fp32 values a fused merge step loads (0: the plan's), e.g. 0,8192"
     )
@@ -379,6 +391,7 @@ def main() -> int:
                         "thread_steps",
                         "landing",
                         "merges",
+                        "configs",
                     )
                     if getattr(args, name)
                 ),
