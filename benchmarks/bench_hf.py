@@ -61,6 +61,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--cache-dtype", default=None, help="the patched model's latent cache: float8_e4m3fn (default: bf16)"
     )
     parser.add_argument("--kv-scale", type=float, default=None, help="(fp8 cache) every layer's scale (default 1)")
+    parser.add_argument(
+        "--calibrate",
+        type=float,
+        default=None,
+        metavar="MARGIN",
+        help="(fp8 cache) each layer's scale from the prompts instead (kv_scales_from with this margin)",
+    )
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -176,10 +183,15 @@ class Bench:
             self.mask[row, -n:] = 1
         self.ids, self.mask = self.ids.to(self.device), self.mask.to(self.device)
         patch = self.patched._mlagen_patch
+        self.kv_scale = args.kv_scale
+        if args.calibrate is not None:
+            from mlagen_compiler.integrations.transformers import kv_scales_from
+
+            self.kv_scale = kv_scales_from(self.patched, self.ids, attention_mask=self.mask, margin=args.calibrate)
         return {
             "spec": patch.spec.name,
             "cache_dtype": patch.spec.cache_dtype,
-            "kv_scale": self.args.kv_scale,
+            "kv_scale": self.kv_scale,
             "softmax_scale": patch.module.SOFTMAX_SCALE,
             "ops_namespace": patch.ops.namespace,
             "parameters_m": sum(p.numel() for p in self.reference.parameters()) / 1e6,
@@ -193,7 +205,7 @@ class Bench:
             self.patched,
             max_batch_size=self.args.batch,
             max_cache_len=self.args.prompt + self.args.new_tokens + extra,
-            kv_scale=self.args.kv_scale,
+            kv_scale=self.kv_scale,
         )
 
     def generate(self, model: Any, new_tokens: int, patched: bool) -> Any:

@@ -19,6 +19,7 @@
 #                                           Gluon backend, prepared launches, the integration's CUDA-graph test
 #   bash benchmarks/device_session15.sh j   B1 H16 (the portable kernel's case): every (block_n, warps, stages), bf16
 #                                           and fp8 (the "w" column is the Gluon kernel's registers for gluon rows)
+#   bash benchmarks/device_session15.sh k   bench_hf.py fp8 with kv_scale 1, then with kv_scales_from (margin 1.5)
 # Modes a-c ran benchmarks/results/merge_steps_all_members_2026-11-26.patch (not kept; `git apply` it and
 # regenerate the modules to rerun them; variants merge8k / merge32k of c were text edits of its
 # DECODE_MERGE_STEP_ELEMENTS = 16384, dropped with it).
@@ -86,6 +87,13 @@ j)
   for cache in bf16 fp8; do
     timeout 250 python3 benchmarks/latency_probe.py --configs --only "B1 H16" --cache $cache 2>&1 \
       | tee "$OUT/latency_b1_configs_$cache.log" | grep "B1 H16" | cut -c1-200
+  done
+  ;;
+k)
+  for args in "" "--calibrate 1.5"; do
+    timeout 200 python3 benchmarks/bench_hf.py --cache-dtype float8_e4m3fn $args \
+      --out "$OUT/bench_hf_fp8${args:+_calibrated}.json" 2>&1 | tee "$OUT/bench_hf_fp8${args:+_calibrated}.log" \
+      | grep "kv_scale\|teacher_forced | mlagen\|cuda_graph | graph_step\|FAIL"
   done
   ;;
 esac

@@ -472,6 +472,34 @@ def test_fp8_cache_arguments_are_checked():
         patch_model(fp8, page_size=16, dtype=torch.float16)
 
 
+@CPU_MODEL
+def test_kv_scales_from_a_prompt_store_its_largest_latent_value_as_448():
+    """kv_scales_from's per-layer scales, calibrated on a left-padded prompt batch, store that prompt's largest
+    latent value as e4m3's largest (448) in every layer, nothing beyond it, and only its real tokens."""
+    reference = tiny_v3(seed=35)
+    fp8 = patch_model(copy.deepcopy(reference), page_size=16, dtype=torch.float16, cache_dtype="float8_e4m3fn")
+    gen = torch.Generator().manual_seed(36)
+    ids, mask = left_padded([torch.randint(1, VOCAB, (n,), generator=gen) for n in (9, 5)])
+    scales = hf.kv_scales_from(fp8, ids, attention_mask=mask)
+    assert len(scales) == 2 and all(0 < scale < 1 for scale in scales), scales
+    cache = poisoned_cache(fp8, max_batch_size=2, max_cache_len=16, kv_scale=scales)
+    with torch.no_grad():
+        fp8(ids, attention_mask=mask, past_key_values=cache)
+    for layer in range(2):
+        rows = cache.kv_cache(layer).float()
+        written = rows[~rows.isnan()]  # (unwritten rows stay NaN)
+        assert written.numel() == (9 + 5) * (64 + 16)
+        assert written.abs().max().item() == 448.0
+    assert hf.kv_scales_from(fp8, ids, attention_mask=mask, margin=2.0) == [2 * scale for scale in scales]
+    # the cache's dtype does not matter: a 16-bit patched model measures the same rows
+    sixteen = patched(reference, torch.float16)
+    assert hf.kv_scales_from(sixteen, ids, attention_mask=mask) == scales
+    with pytest.raises(ValueError, match="margin=0 is not allowed: must be a finite float > 0"):
+        hf.kv_scales_from(fp8, ids, margin=0)
+    with pytest.raises(ValueError, match="model: not patched by mlagen"):
+        hf.kv_scales_from(reference, ids)
+
+
 #: transformers 5.24 renamed the forward's `past_key_values` to `cache` (the old name deprecated until 5.40)
 CACHE_ARGUMENTS = ["past_key_values"] + (["cache"] if TRANSFORMERS_VERSION >= (5, 24) else [])
 

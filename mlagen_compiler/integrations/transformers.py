@@ -48,8 +48,8 @@ from ..cache import load
 from ..spec import MLASpec
 from .hf_config import spec_from_config
 
-__all__ = ["ATTN_IMPLEMENTATION", "DECODE_MAX_NEW_TOKENS", "PagedMLACache", "patch_model", "planned_step",
-           "spec_from_config"]  # fmt: skip
+__all__ = ["ATTN_IMPLEMENTATION", "DECODE_MAX_NEW_TOKENS", "PagedMLACache", "kv_scales_from", "patch_model",
+           "planned_step", "spec_from_config"]  # fmt: skip
 
 #: steps that add at most this many tokens to every sequence run through absorbed decode (the decode kernel
 #: folds them into its head rows, as for MTP); longer steps after a prefix run through chunked prefill
@@ -356,6 +356,9 @@ class _Patch:
     #: whether a forward ran the planned step (a bool, not a count: torch.compile guards a module's ints by
     #: value, so a counter recompiled a compiled step on every call; a flag compiles twice at most)
     planned_ran: bool = False
+    #: (kv_scales_from) per layer, the largest |value| of the latent rows [c_kv ; k_pe] the forwards computed
+    #: for real tokens, in the kernels' dtype; None: not recording
+    latent_max: list[float] | None = None
 
 
 def _patch_of(model: nn.Module) -> _Patch | None:
@@ -433,6 +436,11 @@ def _mla_attention_forward(
     q_pe = q_pe.transpose(1, 2)  # [B, S, H, Dr]
     k_pe = k_pe.reshape(batch * seqlen, dr)
     c_kv = c_kv.reshape(batch * seqlen, dc)
+    if patch.latent_max is not None:  # (kv_scales_from: the rows as a cache write would take them)
+        real = slice(None) if step.tokens is None else step.tokens
+        rows = torch.cat([c_kv[real].to(kdtype), k_pe[real].to(kdtype)], dim=-1)
+        if rows.numel():
+            patch.latent_max[self.layer_idx] = max(patch.latent_max[self.layer_idx], rows.abs().max().item())
 
     kv_cache = kv_scale = None
     if step.cache is not None:
@@ -568,6 +576,35 @@ def planned_step(
         patch.planned = None
     if patch.planned_ran:  # the step's rows are in the cache
         cache._commit(step)
+
+
+#: the largest finite e4m3 value: an fp8 cache stores latent / kv_scale up to it
+_E4M3_MAX = 448.0
+
+
+def kv_scales_from(
+    model: nn.Module, input_ids: Tensor, *, attention_mask: Tensor | None = None, margin: float = 1.0
+) -> list[float]:
+    """Per-layer kv_scale for an fp8 PagedMLACache, calibrated on `input_ids` (one forward, no cache): each
+    layer's largest |value| of the latent rows [c_kv ; k_pe] of the real tokens (as the cache write would take
+    them) times `margin`, over 448 (e4m3's largest), so that those rows are stored without saturating; 1.0
+    for a layer whose rows are all 0. As vLLM's calculate_kv_scales, from one batch: later tokens beyond
+    448 * kv_scale saturate, which margin > 1 leaves room for. Any patched model (the cache dtype does not
+    matter here); pass the result to PagedMLACache(model, ..., kv_scale=...).
+    """
+    patch = _patch_of(model)
+    if patch is None:
+        raise ValueError("model: not patched by mlagen: call patch_model(model) before kv_scales_from(model, ...)")
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin <= 0:
+        raise ValueError(f"margin={margin!r} is not allowed: must be a finite float > 0")
+    patch.latent_max = [0.0] * patch.num_layers
+    try:
+        with torch.no_grad():
+            model(input_ids, attention_mask=attention_mask, use_cache=False)
+        largest = patch.latent_max
+    finally:
+        patch.latent_max = None
+    return [value * margin / _E4M3_MAX if value > 0 else 1.0 for value in largest]
 
 
 def _mla_modules(model: nn.Module) -> list[nn.Module]:
