@@ -21,7 +21,8 @@
 #                                           and fp8 (the "w" column is the Gluon kernel's registers for gluon rows)
 #   bash benchmarks/device_session15.sh k   bench_hf.py fp8 with kv_scale 1, then with kv_scales_from (margin 1.5)
 # Modes a-c ran benchmarks/results/merge_steps_all_members_2026-11-26.patch (not kept; `git apply` it and
-# regenerate the modules to rerun them; variants merge8k / merge32k of c were text edits of its
+# regenerate the modules to rerun them; mode b's --merge-steps is merge_steps_latency_probe_2026-11-26.patch, on
+# latency_probe.py as this session left it; variants merge8k / merge32k of c were text edits of its
 # DECODE_MERGE_STEP_ELEMENTS = 16384, dropped with it).
 # (after the .whl install line)
 set -uo pipefail

@@ -26,7 +26,7 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_decode import PAGE_SIZE, bytes_and_flops, make_inputs, module_for  # noqa: E402
+from bench_decode import PAGE_SIZE, bytes_and_flops, lengths, make_inputs, module_for  # noqa: E402
 from fp8_decode_sweep import report, timed  # noqa: E402
 
 from mlagen_compiler import import_module_from_path  # noqa: E402
@@ -616,9 +616,8 @@ VARIANTS = {
 
 
 def _varied(batch: int, seqlen: int, seed: int) -> list[int]:
-    """Lengths uniform in [S/2, 3S/2), as bench_decode.py's varied cases draw them."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(seqlen // 2, seqlen * 3 // 2, (batch,), generator=gen).tolist()
+    """bench_decode.py's varied lengths (uniform in [S/2, 3S/2)), drawn from `seed`."""
+    return lengths(batch, seqlen, True, torch.Generator().manual_seed(seed))
 
 
 #: (name, bundled spec, heads, lengths)

@@ -37,9 +37,7 @@ as the tile's (the rule off), in turn, twice.
 given (its runs as the schedule plans them for that block size).
 
 --merges: the Gluon kernel's default schedule with the combine launch and with the fused merge (the last run of
-a split sequence to finish merges it), in turn, twice; --merge-steps 8192,16384 times the fused merge with each
-of those fp32 values a merge step (DECODE_MERGE_STEP_ELEMENTS, in modules generated with
-benchmarks/results/merge_steps_all_members_2026-11-26.patch applied; 0: the plan's).
+a split sequence to finish merges it), in turn, twice.
 
 --landing (with --cache fp8): the Gluon kernel's default schedule with the landing policy as it is (the landing
 ring where gluon_land_ring takes the launch; until 2026-11-26's thirteenth session also 32-position blocks landing
@@ -174,11 +172,8 @@ def run_case(
     mode: str,
     step_scales: tuple[float, ...] = (1, 2, 4),
     cache: str = "bf16",
-    merge_steps: tuple[int, ...] = (0,),
 ) -> list[str]:
     module = module_for(case.spec, case.num_heads, tmp, cache)
-    # (fp32 values a fused merge step loads: modules with benchmarks/results/merge_steps_all_members_2026-11-26.patch)
-    plan_step_elements = getattr(module, "DECODE_MERGE_STEP_ELEMENTS", 0)
     q, kv, table, lens, kv_scale = make_inputs(module, case.seqlens, case.seqlen_q, gen)
     batch = len(case.seqlens)
     nbytes, _ = bytes_and_flops(module, case.seqlens, case.seqlen_q)
@@ -211,12 +206,7 @@ def run_case(
             for stages in (1, 2)
         ]
     elif mode == "merges":  # the Gluon kernel's default schedule with the combine launch or the fused merge
-        knobs_list = [
-            knobs
-            for _ in range(2)
-            for knobs in [dict(backend="gluon", merge="kernel")]
-            + [dict(backend="gluon", merge="fused", merge_steps=n) for n in merge_steps]
-        ]
+        knobs_list = [dict(backend="gluon", merge=merge) for _ in range(2) for merge in ("kernel", "fused")]
     elif mode == "landing":  # the fp8 landing policy as it is, or off (the tuned blocks)
         knobs_list = [dict(backend="gluon", merge="kernel", landing=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "minblocks":  # the Gluon kernel's default schedule with fewer or more cache blocks a run at least
@@ -235,9 +225,6 @@ def run_case(
         forced_short = knobs.pop("short", None)
         forced_thread_steps = knobs.pop("thread_steps", None)
         landing = knobs.pop("landing", 1)
-        step_elements = (knobs.pop("merge_steps", 0) or plan_step_elements) if plan_step_elements else 0
-        if step_elements:  # the plan's, or as given
-            module.DECODE_MERGE_STEP_ELEMENTS = step_elements
         step_scale = knobs.pop("step_scale", 1)
         try:
             tiles = module.DECODE_COMBINE_TILES
@@ -321,7 +308,6 @@ def run_case(
             f"{f' land-slots {schedule.land_slots}' if kv_scale is not None else ''} "
             f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
             f"{f' steps x{step_scale}' if step_scale != 1 else ''}"
-            f"{f' merge steps {step_elements}' if schedule.merge == 'fused' and step_elements else ''}"
             f" partials {str(schedule.partial_dtype).removeprefix('torch.')}{' kept' if schedule.keep_partials else ''}"
         )
         kt = " ".join(f"{k}={v:.1f}" for k, v in times.items())
@@ -356,9 +342,6 @@ def main() -> int:
     parser.add_argument("--landing", action="store_true", help="(fp8) the landing policy as it is, or off")
     parser.add_argument("--merges", action="store_true", help="the Gluon kernel's combine launch and fused merge")
     parser.add_argument("--configs", action="store_true", help="the portable kernel at every (block_n, warps, stages)")
-    parser.add_argument(
-        "--merge-steps", default="0", help="--merges: fp32 values a fused merge step loads (0: the plan's), e.g. 0,8192"
-    )
     args = parser.parse_args()
     if args.landing and args.cache != "fp8":
         parser.error("--landing: the landing policy is an fp8 cache's; add --cache fp8")
@@ -398,8 +381,7 @@ def main() -> int:
                 "",
             )
             step_scales = tuple(float(x) for x in args.step_scales.split(","))
-            merge_steps = tuple(int(x) for x in args.merge_steps.split(","))
-            lines += run_case(case, Path(tmp), gen, sms, mode, step_scales, args.cache, merge_steps)
+            lines += run_case(case, Path(tmp), gen, sms, mode, step_scales, args.cache)
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]
     print(f"\n{len(lines)} rows, {len(failed)} failed")

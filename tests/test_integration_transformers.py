@@ -30,6 +30,7 @@ from mlagen_compiler import load_spec  # noqa: E402
 from mlagen_compiler.integrations import transformers as hf  # noqa: E402
 from mlagen_compiler.integrations.transformers import PagedMLACache, patch_model, spec_from_config  # noqa: E402
 from mlagen_compiler.plan import softmax_scale_of  # noqa: E402
+from mlagen_compiler.reference import quantize_latent  # noqa: E402
 from mlagen_compiler.spec import SpecError  # noqa: E402
 
 TRANSFORMERS_VERSION = tuple(int(part) for part in re.findall(r"\d+", transformers.__version__)[:2])
@@ -269,7 +270,7 @@ def test_spec_from_hf_cli(tmp_path):
     assert load_spec(out).name == "kimi-k2-tp1-fp8" and load_spec(out).cache_scaled
     for args, fragment in [
         ([str(tmp_path / "none.json")], "no such file"),
-        ([str(model_dir), "--cache-dtype", "int8"], "cache_dtype='int8' is not allowed"),
+        ([str(model_dir), "--cache-dtype", "int8"], "cache_dtype: Input should be 'bfloat16', 'float16' or"),
         ([str(model_dir), "--tp-size", "3"], "tp_size=3 does not divide num_attention_heads=64"),
         ([str(out)], "not valid JSON"),
     ]:
@@ -404,8 +405,7 @@ def dequantised_cache_writes(model, kv_scale: float) -> None:
     write = patch.ops.cache_write
 
     def quantised(values):
-        scaled = (values.float() / kv_scale).clamp(-448, 448)
-        return (scaled.to(torch.float8_e4m3fn).float() * kv_scale).to(values.dtype)
+        return (quantize_latent(values, kv_scale, torch.float8_e4m3fn).float() * kv_scale).to(values.dtype)
 
     def cache_write(c_kv, k_pe, kv_cache, slots, kv_scale_arg=None):
         assert kv_scale_arg is None  # (a 16-bit cache)
@@ -465,7 +465,8 @@ def test_fp8_cache_arguments_are_checked():
     with pytest.raises(ValueError, match="kv_scale=0.5 is not allowed: the model was patched for a float16 cache"):
         PagedMLACache(sixteen, max_batch_size=1, max_cache_len=8, kv_scale=0.5)
     with pytest.raises(
-        SpecError, match="cache_dtype='bfloat16' is not allowed: must be the kernels' dtype \\(float16\\)"
+        SpecError,
+        match="cache_dtype=bfloat16 is not allowed with dtype=float16: must be the spec's dtype \\(float16\\)",
     ):
         patch_model(copy.deepcopy(reference), dtype=torch.float16, cache_dtype="bfloat16")
     with pytest.raises(ValueError, match="already patched .* cache float8_e4m3fn"):

@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..cache import load
+from ..reference import FP8_E4M3_MAX
 from ..spec import MLASpec
 from .hf_config import spec_from_config
 
@@ -578,10 +579,6 @@ def planned_step(
         cache._commit(step)
 
 
-#: the largest finite e4m3 value: an fp8 cache stores latent / kv_scale up to it
-_E4M3_MAX = 448.0
-
-
 def kv_scales_from(
     model: nn.Module, input_ids: Tensor, *, attention_mask: Tensor | None = None, margin: float = 1.0
 ) -> list[float]:
@@ -604,7 +601,7 @@ def kv_scales_from(
         largest = patch.latent_max
     finally:
         patch.latent_max = None
-    return [value * margin / _E4M3_MAX if value > 0 else 1.0 for value in largest]
+    return [value * margin / FP8_E4M3_MAX if value > 0 else 1.0 for value in largest]
 
 
 def _mla_modules(model: nn.Module) -> list[nn.Module]:
