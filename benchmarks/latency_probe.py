@@ -34,7 +34,7 @@ short blocks, the cost rule's positions a run), in turn, twice; then 3 and 8.
 as the tile's (the rule off), in turn, twice.
 
 --configs: the portable kernel's default schedule, then with block_n 32 / 64, 2 / 4 / 8 warps and 1 / 2 stages
-given (its runs as the schedule plans them for that block size).
+given (its runs as the schedule plans them for that block size), then runs of two 32-position blocks in 2 stages.
 
 --merges: the Gluon kernel's default schedule with the combine launch and with the fused merge (the last run of
 a split sequence to finish merges it), in turn, twice.
@@ -204,6 +204,10 @@ def run_case(
             for block_n in (32, 64)
             for warps in (2, 4, 8)
             for stages in (1, 2)
+        ]
+        # runs of two 32-position blocks, pipelined (2 stages): as many runs as 64-position blocks of one
+        knobs_list += [
+            dict(backend="triton", merge="kernel", config=(32, warps, 2), min_blocks_per_part=2) for warps in (4, 8)
         ]
     elif mode == "merges":  # the Gluon kernel's default schedule with the combine launch or the fused merge
         knobs_list = [dict(backend="gluon", merge=merge) for _ in range(2) for merge in ("kernel", "fused")]
