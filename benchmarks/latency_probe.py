@@ -308,7 +308,6 @@ def run_case(
             f"s{schedule.config[2]} "
             f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''}"
             f"{' sequence-runs' if schedule.sequence_runs else ''}"
-            f"{' land-apart' if getattr(schedule, 'land_apart', False) else ''}"  # (schedules before session 15)
             f"{f' land-slots {schedule.land_slots}' if kv_scale is not None else ''} "
             f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
             f"{f' steps x{step_scale}' if step_scale != 1 else ''}"
