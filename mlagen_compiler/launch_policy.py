@@ -194,19 +194,18 @@ def decode_sequence_runs(batch_size, num_parts, small_batch, *, tall_rows):
 
 def decode_partials_in_dtype(backend):
     """Whether split sequences' partial rows (normalised outputs of a run) are stored in the output's dtype
-    instead of float32: half the bytes the split kernel writes and the merge reads back. Each partial row then
-    carries one rounding to the output's dtype; the merge still sums in float32.
+    instead of float32: half the bytes the split kernel writes and the merge reads back, but each partial row
+    then carries one rounding to the output's dtype before the merge. Never: both backends keep float32
+    partials, as FlashMLA does.
 
-    Measured on the H100 (2026-11-25, graph replay, bf16, latency_probe.py --partials), in the output's
-    dtype against float32: the portable kernel at B1 H16 S8192 11.3-11.4 us against 12.0-12.2 (B1 H128
-    33.6-33.7 / 36.7, the skewed Sq1 batch 52.1-52.5 / 53.4-54.1, B8 H128 132.0-133.5 / 129.4-131.2); the Gluon
-    kernel slower in every latency case (its MMA accumulator's layout stores 2-byte pieces): skewed
-    [4641, 45118, 1730, 1696] H16 Sq4 56.4-56.9 against 52.8-52.9, Sq1 36.5-36.8 / 35.7-36.0, B8 H16
-    40.7-40.9 / 39.8-39.9, B1 H128 28.9-29.0 / 24.0-24.1, B8 H128 75.8-76.0 / 65.6. Staging its 16-bit rows through
-    the query tile to store whole sectors (rows as M) was slower still: Sq4 57.1-57.5 against 50.9-51.0, B1 H128
-    26.7-26.8 / 24.2-24.3.
+    Precision decides it. With bfloat16 partials, FlashMLA's own dense-decoding suite failed its output
+    tolerance (cosine difference 5.0-5.3e-6 against 5e-6) at h_q 1, b 1, s_k 4096, where the portable kernel
+    splits one sequence into many runs: the output rounded once from float32 lands on the reference's rounding;
+    rounded twice, more elements land one ulp off. The speed this costs the portable kernel's latency cases, and
+    the measurements of the Gluon kernel (slower with 16-bit partials: its accumulator stores 2-byte pieces), are
+    in docs/performance-log.md ("16-bit partial rows", "FlashMLA drop-in").
     """
-    return backend == "triton"
+    return False
 
 
 def decode_keep_partials():

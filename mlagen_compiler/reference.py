@@ -210,11 +210,13 @@ def decode_paged(
     cache_seqlens: torch.Tensor,
     kv_lora_rank: int,
     scale: float,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Absorbed decode, the contract of the generated `mla_decode`, computed in q's dtype.
 
     q [B, Sq, H, Dc+Dr]; query j of row b is at position cache_seqlens[b] - Sq + j and sees cache
-    positions <= its own. Returns out [B, Sq, H, Dc] and lse [B, H, Sq].
+    positions <= its own (causal=False: every query sees the whole sequence). Returns out [B, Sq, H, Dc]
+    and lse [B, H, Sq].
     """
     batch, seqlen_q, num_heads, _ = q.shape
     out = q.new_zeros(batch, seqlen_q, num_heads, kv_lora_rank)
@@ -225,6 +227,8 @@ def decode_paged(
             continue
         rows = gather_pages(kv_cache, block_table[b], seqlen).to(q.dtype)
         q_pos = seqlen - seqlen_q + torch.arange(seqlen_q, device=q.device)
+        if not causal:
+            q_pos = torch.full_like(q_pos, seqlen - 1)
         visible = torch.arange(seqlen, device=q.device)[None, :] <= q_pos[:, None]
         o_b, lse_b = attention(q[b], rows[:, None, :], rows[:, None, :kv_lora_rank], scale, visible)
         out[b], lse[b] = o_b, lse_b
@@ -240,11 +244,13 @@ def decode_paged_batched(
     scale: float,
     max_seqlen: int | None = None,
     kv_scale: torch.Tensor | None = None,
+    causal: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same as `decode_paged` in whole-batch tensor ops (no Python loop over sequences, no host sync
     when `max_seqlen` is given): PyTorch eager absorbed decode, the baseline the benchmarks compare to.
     Computes in q's dtype; scores and softmax in float32 at least. kv_scale: an fp8 cache's scale (a tensor
-    on the cache's device, or a number): the gathered rows are dequantised, rows * kv_scale.
+    on the cache's device, or a number): the gathered rows are dequantised, rows * kv_scale. causal: as in
+    `decode_paged`.
     """
     batch, seqlen_q, num_heads, _ = q.shape
     page_size = kv_cache.shape[1]
@@ -259,6 +265,8 @@ def decode_paged_batched(
     scores = torch.einsum("bshd,bnd->bhsn", q, rows).to(acc) * scale
     key_pos = torch.arange(n_pages * page_size, device=q.device)
     q_pos = cache_seqlens[:, None].long() - seqlen_q + torch.arange(seqlen_q, device=q.device)[None, :]
+    if not causal:
+        q_pos = (cache_seqlens[:, None].long() - 1).expand(-1, seqlen_q)
     visible = key_pos[None, None, :] <= q_pos[:, :, None]  # [B, Sq, N]
     scores = scores.masked_fill(~visible[:, None], float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [B, H, Sq]

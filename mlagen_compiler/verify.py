@@ -244,8 +244,10 @@ def compare_with_lse(out, lse, ref_out, ref_lse, dtype_name: str) -> tuple[float
     return max_err, rel, message
 
 
-def decode_reference(module: ModuleType, inputs: dict[str, Any], softmax_scale: float | None = None):
-    """float64 reference of `module.mla_decode(**inputs)`: (out, lse), over the dequantised cache."""
+def decode_reference(
+    module: ModuleType, inputs: dict[str, Any], softmax_scale: float | None = None, causal: bool = True
+):
+    """float64 reference of `module.mla_decode(**inputs, causal=causal)`: (out, lse), over the dequantised cache."""
     from .reference import decode_paged, dequantize_cache
 
     scale = module.SOFTMAX_SCALE if softmax_scale is None else softmax_scale
@@ -256,6 +258,7 @@ def decode_reference(module: ModuleType, inputs: dict[str, Any], softmax_scale: 
         inputs["cache_seqlens"],
         module.KV_LORA_RANK,
         scale,
+        causal,
     )
 
 

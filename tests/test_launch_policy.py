@@ -220,8 +220,9 @@ def test_sequence_runs_for_small_batches_of_tall_rows_with_a_run_for_each_sequen
 
 
 def test_partial_rows_in_the_output_dtype_for_the_portable_kernel_and_kept_in_l2_everywhere():
-    assert lp.decode_partials_in_dtype("triton") is True
-    assert lp.decode_partials_in_dtype("gluon") is False  # its accumulator layout stores 2-byte pieces: slower
+    # float32 partials on both backends: FlashMLA's suite's precision (see decode_partials_in_dtype)
+    assert lp.decode_partials_in_dtype("triton") is False
+    assert lp.decode_partials_in_dtype("gluon") is False
     assert lp.decode_keep_partials() is True
 
 

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The FlashMLA drop-in on the GPU machine: FlashMLA's dense-decoding suite through mlagen_compiler.flash_mla (bf16,
+# fp16), the cases FlashMLA cannot run, the GPU tests of causal / non-causal decode and the drop-in, then, alone on
+# the GPU, the latency cases with float32 and 16-bit partial rows and the drop-in's host time.
+#
+# Here, once: `echo /.whl/ >> .git/info/exclude; echo /.flashmla/ >> .git/info/exclude`, the wheels of pydantic
+# 2.12.5, pydantic-core 2.41.5, annotated-types, typing-inspection and platformdirs (cp312 manylinux) in .whl/,
+# and FlashMLA's tests in .flashmla/: `git -C FLASHMLA_REPO archive HEAD tests | tar -x -C .flashmla`.
+# Then the device call: carry [".whl", ".flashmla"], command `bash benchmarks/device_flash_mla.sh`.
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+  || exit 1
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi --query-gpu=name,memory.used,clocks.sm --format=csv,noheader
+git log -1 --format='commit %h %s' 2>/dev/null || true
+run() {  # name, time limit, command...
+  local name=$1 limit=$2
+  shift 2
+  timeout "$limit" "$@" >"/tmp/logs/$name.log" 2>&1
+  echo "$name: exit $?" >>/tmp/logs/status.log
+}
+mkdir -p /tmp/logs
+run suite_bf16 380 python3 benchmarks/flash_mla_dropin.py suite --flashmla .flashmla --dtype bf16 \
+  --json "$OUT/suite_bf16.json" &
+run suite_fp16 380 python3 benchmarks/flash_mla_dropin.py suite --flashmla .flashmla --dtype fp16 \
+  --json "$OUT/suite_fp16.json" &
+run extra_bf16 380 python3 benchmarks/flash_mla_dropin.py extra --flashmla .flashmla --dtype bf16 \
+  --json "$OUT/extra_bf16.json" &
+run pytest_gpu 380 python3 -m pytest -q -p no:cacheprovider tests/test_flash_mla.py tests/test_ops.py \
+  tests/test_decode.py -k "flash_mla or causal or matches_reference or default_call or graph" &
+wait
+cat /tmp/logs/status.log
+tail -3 /tmp/logs/pytest_gpu.log
+for f in suite_bf16 suite_fp16 extra_bf16; do echo "== $f"; grep -v "^Running\|^---\|^FAILED" "/tmp/logs/$f.log" \
+  | tail -4 | cut -c1-600; grep -c "^FAILED" "/tmp/logs/$f.log"; done
+tar -czf "$OUT/logs.tar.gz" -C /tmp logs  # (at most 8 files come back: the logs travel as one)
+# alone on the GPU from here: timings
+timeout 120 python3 benchmarks/latency_probe.py --partials --only "B1 H16,B8 H16" 2>&1 | tee "$OUT/latency_partials.log" \
+  | grep -v "^#" | cut -c1-240
+timeout 60 python3 benchmarks/flash_mla_dropin.py host --json "$OUT/host.json" 2>&1 | tail -22
