@@ -1,7 +1,7 @@
 """FlashMLA's own dense-decoding suite through mlagen's drop-in, and the drop-in's host time (GPU machine).
 
-    python benchmarks/flash_mla_dropin.py suite --flashmla CHECKOUT [--dtype bf16|fp16] [--json OUT.json]
-    python benchmarks/flash_mla_dropin.py extra --flashmla CHECKOUT [--dtype bf16|fp16] [--json OUT.json]
+    python benchmarks/flash_mla_dropin.py suite --flashmla CHECKOUT [--dtype bf16|fp16] [--shard K/N] [--json F]
+    python benchmarks/flash_mla_dropin.py extra --flashmla CHECKOUT [--dtype bf16|fp16] [--shard K/N] [--json F]
     python benchmarks/flash_mla_dropin.py host [--calls 400] [--samples 9] [--json OUT.json]
 
 suite: runs CHECKOUT/tests/test_flash_mla_dense_decoding.py unchanged, its own `main()` and case lists, with
@@ -13,6 +13,9 @@ their timing looks the kernel up by FlashMLA's kernel name in a profile, which m
 
 extra: the same test function on cases FlashMLA cannot run: page sizes 1, 16 and 256, and a Dc 256 geometry
 (d 320, dv 256), over a grid of the suite's batch, Sq, length, head, varlen and causal values.
+
+--shard K/N: the K-th of N contiguous slices of the cases (processes side by side; their counts add up). The
+suite's `main()` runs first with the test function only collecting its cases, then this slice runs through it.
 
 host: host time per call, B1 H16 S8192 page 64 bf16: `flash_mla_with_kvcache` with a filled FlashMLASchedMeta
 against a direct `mla_decode` with its schedule, calls issued back to back (synchronised per sample of --calls
@@ -57,8 +60,9 @@ def load_suite(checkout: Path):
 class Counts:
     """Outcome of each case by kind (MLA: one KV head; several KV heads), and the failures' parameters."""
 
-    def __init__(self, test_function):
+    def __init__(self, test_function, json_path: Path | None = None):
         self.test_function = test_function
+        self.json_path = json_path  # rewritten every 20 cases, so a run stopped by a time limit still counts
         self.counts = collections.Counter()
         self.failures = []
         self.started = time.perf_counter()
@@ -85,17 +89,30 @@ class Counts:
         total = sum(self.counts.values())
         if total % 100 == 0:
             print(f"[{time.perf_counter() - self.started:.0f} s] {total} cases: {dict(self.counts)}", flush=True)
+        if self.json_path and total % 20 == 0:
+            self.json_path.write_text(json.dumps({**self.summary(), **self.about}))
+
+    about: dict = {}  # the run's description, added to every write
 
     def summary(self) -> dict:
         return {"counts": dict(self.counts), "failures": self.failures, "seconds": time.perf_counter() - self.started}
 
 
+def shard(cases: list, text: str) -> list:
+    index, count = (int(part) for part in text.split("/"))
+    return cases[len(cases) * index // count : len(cases) * (index + 1) // count]
+
+
 def run_suite(args) -> dict:
     suite = load_suite(args.flashmla)
-    counts = Counts(suite.test_flash_mla)
-    suite.test_flash_mla = counts  # main() looks the test function up in its module at each case
-    suite.main(torch.bfloat16 if args.dtype == "bf16" else torch.float16)
-    return counts.summary()
+    counts = Counts(suite.test_flash_mla, args.json)
+    counts.about = dict(job="suite", dtype=args.dtype, shard=args.shard, partial=True)
+    cases = []
+    suite.test_flash_mla = cases.append  # main() looks the test function up in its module at each case
+    suite.main(torch.bfloat16 if args.dtype == "bf16" else torch.float16)  # (its device and dtype defaults too)
+    for case in shard(cases, args.shard):
+        counts(case)
+    return {**counts.summary(), "suite_cases": len(cases), "shard": args.shard}
 
 
 def run_extra(args) -> dict:
@@ -105,19 +122,22 @@ def run_extra(args) -> dict:
     torch.set_default_dtype(dtype)
     torch.set_default_device(device)
     torch.cuda.set_device(device)
-    counts = Counts(suite.test_flash_mla)
+    counts = Counts(suite.test_flash_mla, args.json)
+    counts.about = dict(job="extra", dtype=args.dtype, shard=args.shard, partial=True)
     geometries = [dict(block_size=page, d=576, dv=512) for page in (1, 16, 256)] + [dict(block_size=64, d=320, dv=256)]
-    grid = itertools.product([1, 6, 64], [1, 2, 4], [20, 140, 4096], [1, 16, 128], [False, True], [False, True])
-    cases = list(grid)
+    grid = list(itertools.product([1, 6, 64], [1, 2, 4], [20, 140, 4096], [1, 16, 128], [False, True], [False, True]))
+    cases = []
     for geometry in geometries:
-        print(f"== {geometry}", flush=True)
-        for b, s_q, s_k, h_q, is_varlen, is_causal in cases:
-            counts(suite.TestParam(b, s_q, s_k, is_varlen, is_causal, test_performance=False, h_q=h_q, **geometry))
+        for b, s_q, s_k, h_q, is_varlen, is_causal in grid:
+            cases.append(suite.TestParam(b, s_q, s_k, is_varlen, is_causal, test_performance=False, h_q=h_q,
+                                         **geometry))  # fmt: skip
         # empty sequences among long ones, as the suite's corner cases
         for h_q, is_causal in itertools.product([1, 16, 128], [False, True]):
-            counts(suite.TestParam(32, 2, 4096, is_varlen=True, is_causal=is_causal, test_performance=False,
-                                   have_zero_seqlen_k=True, h_q=h_q, **geometry))  # fmt: skip
-    return counts.summary()
+            cases.append(suite.TestParam(32, 2, 4096, is_varlen=True, is_causal=is_causal, test_performance=False,
+                                         have_zero_seqlen_k=True, h_q=h_q, **geometry))  # fmt: skip
+    for case in shard(cases, args.shard):
+        counts(case)
+    return {**counts.summary(), "suite_cases": len(cases), "shard": args.shard}
 
 
 def run_host(args) -> dict:
@@ -169,6 +189,7 @@ def main() -> None:
     parser.add_argument("job", choices=["suite", "extra", "host"])
     parser.add_argument("--flashmla", type=Path, help="a FlashMLA checkout (its tests/ folder is what is read)")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    parser.add_argument("--shard", default="0/1", help="K/N: the K-th of N contiguous slices of the cases")
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--samples", type=int, default=9)
     parser.add_argument("--json", type=Path)

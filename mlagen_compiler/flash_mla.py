@@ -242,7 +242,8 @@ def _decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits
             "tile_scheduler_metadata: expected the FlashMLASchedMeta of get_mla_metadata() or the tensor of "
             f"get_mla_metadata(cache_seqlens, ...), got {type(meta).__name__}"
         )
-    out, lse = module.mla_decode(
+    # FlashMLA's convention for a query that sees no key: lse = +inf, written so by the kernels
+    return module.mla_decode(
         q,
         k_cache,
         block_table,
@@ -252,10 +253,8 @@ def _decode(q, k_cache, block_table, cache_seqlens, head_dim_v, meta, num_splits
         return_lse=True,
         schedule=schedule,
         causal=causal,
+        empty_lse=math.inf,
     )
-    # FlashMLA's convention for a query that sees no key: lse = +inf (mlagen's kernels write -inf); NaN stays NaN
-    lse.nan_to_num_(nan=math.nan, posinf=math.inf, neginf=math.inf)
-    return out, lse
 
 
 def _module_for(q, k_cache, head_dim_v, block_table, cache_seqlens) -> ModuleType:

@@ -192,20 +192,25 @@ def decode_sequence_runs(batch_size, num_parts, small_batch, *, tall_rows):
     return tall_rows and 2 <= batch_size <= small_batch and num_parts >= batch_size
 
 
-def decode_partials_in_dtype(backend):
+#: fewest query rows (Sq * H) a sequence for which the portable kernel stores partial rows in the output's dtype
+PARTIALS_IN_DTYPE_MIN_ROWS = 16
+
+
+def decode_partials_in_dtype(backend, query_rows):
     """Whether split sequences' partial rows (normalised outputs of a run) are stored in the output's dtype
     instead of float32: half the bytes the split kernel writes and the merge reads back, but each partial row
-    then carries one rounding to the output's dtype before the merge. Never: both backends keep float32
-    partials, as FlashMLA does.
+    then carries one rounding to the output's dtype before the merge.
 
-    Precision decides it. With bfloat16 partials, FlashMLA's own dense-decoding suite failed its output
-    tolerance (cosine difference 5.0-5.3e-6 against 5e-6) at h_q 1, b 1, s_k 4096, where the portable kernel
-    splits one sequence into many runs: the output rounded once from float32 lands on the reference's rounding;
-    rounded twice, more elements land one ulp off. The speed this costs the portable kernel's latency cases, and
-    the measurements of the Gluon kernel (slower with 16-bit partials: its accumulator stores 2-byte pieces), are
-    in docs/performance-log.md ("16-bit partial rows", "FlashMLA drop-in").
+    The portable kernel with at least PARTIALS_IN_DTYPE_MIN_ROWS query rows: there the bytes show in the latency
+    of small batches (B1 H16 S8192, graph replay: 11.3 us against 11.7-11.9 with float32 partials on the H200).
+    Fewer rows: float32, FlashMLA's choice. With 16-bit partials FlashMLA's own dense-decoding suite failed its
+    output tolerance at h_q 1 (one query row; b 1, s_k 4096, split into many runs): cosine difference 5.0-5.3e-6
+    against 5e-6. A statistic over so few elements needs the output rounded once, and float32 partials of a
+    few rows cost nothing measurable. The Gluon kernel: float32 (16-bit partials measured slower: its MMA
+    accumulator stores 2-byte pieces). Measurements: docs/performance-log.md ("16-bit partial rows",
+    "FlashMLA drop-in").
     """
-    return False
+    return backend == "triton" and query_rows >= PARTIALS_IN_DTYPE_MIN_ROWS
 
 
 def decode_keep_partials():

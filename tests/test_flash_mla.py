@@ -6,6 +6,7 @@ suite, whose conventions are checked here: default scale q.shape[-1] ** -0.5, ls
 for a query that sees no key, block-table entries past a sequence set to a huge page number.
 """
 
+import math
 from unittest.mock import patch
 
 import pytest
@@ -80,11 +81,27 @@ def test_decode_causal_and_not_match_the_reference(build_module, device, backend
     assert not message, message
 
 
-def test_causal_must_be_a_bool(build_module, device):
+def test_causal_and_empty_lse_are_checked(build_module, device):
     module = build_module(**small_spec())
     inputs = make_decode_inputs(module, [5], 2, torch.Generator().manual_seed(0), device)
     with pytest.raises(ValueError, match="causal: must be True or False, got 'no'"):
         module.mla_decode(**inputs, causal="no")
+    with pytest.raises(ValueError, match="empty_lse: must be -math.inf or math.inf, got 0.0"):
+        module.mla_decode(**inputs, empty_lse=0.0)
+
+
+def test_empty_lse_sets_what_a_query_that_sees_no_key_gets(build_module, device):
+    module = build_module(**small_spec())
+    # sequence 1 is empty; sequence 2 (length 1, Sq 2): its first new token sees no key when causal
+    inputs = make_decode_inputs(module, [6, 0, 1], 2, torch.Generator().manual_seed(1), device)
+    _, lse_default = module.mla_decode(**inputs, return_lse=True)
+    out, lse = module.mla_decode(**inputs, return_lse=True, empty_lse=math.inf)
+    empty = torch.zeros_like(lse, dtype=torch.bool)
+    empty[1] = True
+    empty[2, :, 0] = True
+    assert (lse_default[empty] == -math.inf).all() and (lse[empty] == math.inf).all()
+    assert torch.equal(lse[~empty], lse_default[~empty]) and lse[~empty].isfinite().all()
+    assert (out[1] == 0).all() and (out[2, 0] == 0).all()
 
 
 # ---- the drop-in ------------------------------------------------------------------------------------------------
@@ -130,8 +147,10 @@ def flashmla_reference(q, cache, table, lens, dc, scale, causal):
 
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_drop_in_matches_the_reference_with_flashmla_conventions(drop_in, device, causal, dtype):
-    heads, dc, dr, page_size, seqlen_q = 3, 64, 16, 8, 3
+# (3, 64): the portable kernel everywhere; (16, 128): the Gluon kernel on Hopper (48 query rows a sequence)
+@pytest.mark.parametrize("heads, dc", [(3, 64), (16, 128)])
+def test_drop_in_matches_the_reference_with_flashmla_conventions(drop_in, device, causal, dtype, heads, dc):
+    dr, page_size, seqlen_q = 16, 8, 3
     # an empty sequence (lse +inf everywhere) and one shorter than Sq (its first causal rows see no key)
     seqlens = [19, 0, 2, 8]
     q, cache, table, lens = flashmla_inputs(seqlens, seqlen_q, heads, dc, dr, page_size, dtype, 7, device)
