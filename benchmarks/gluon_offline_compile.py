@@ -56,6 +56,8 @@ def compile_offline(
     short_blocks: bool = False,
     land_slots: int | None = None,
     long_blocks: bool = False,
+    causal: bool = True,
+    empty_inf: bool = False,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_kernel for (Sq, producer kind); returns ptxas' numbers. An fp8
     module's landing producer with more query rows than half the tile (the query filling it) lands beside the
@@ -98,6 +100,8 @@ def compile_offline(
         narrow_form["KEEP_PARTIALS"] = True
     if "PARTIAL_STORE" in module._mla_decode_gluon_kernel.arg_names:  # (later: L2 hints, the store's policy)
         narrow_form["PARTIAL_STORE"] = module._PARTIAL_EVICTION[True][0]
+    if "CAUSAL" in module._mla_decode_gluon_kernel.arg_names:  # (modules with mla_decode(causal=, empty_lse=))
+        narrow_form.update(CAUSAL=causal, EMPTY_INF=empty_inf)
     land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_form.get("NARROW") else module.DECODE_GLUON_LAND_WARPS
     # cache positions a block and ring stages: the plan's, or (short_blocks) the small batches'
     block_n, stages = module.DECODE_GLUON_BLOCK_N, module.DECODE_GLUON_STAGES
@@ -256,6 +260,8 @@ def main(argv: list[str] | None = None) -> int:
         "--land-slots", type=int, help="fp8 blocks the landing producer lands at a time (default: the plan's)"
     )
     parser.add_argument("--long-blocks", action="store_true", help="the long blocks of two or more row blocks")
+    parser.add_argument("--non-causal", action="store_true", help="every new token sees the whole sequence")
+    parser.add_argument("--empty-inf", action="store_true", help="lse +inf for a query that sees no key")
     args = parser.parse_args(argv)
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
@@ -271,6 +277,8 @@ def main(argv: list[str] | None = None) -> int:
         args.short_blocks,
         args.land_slots,
         args.long_blocks,
+        not args.non_causal,
+        args.empty_inf,
     )
     kernel = result.pop("kernel")
     print(result)
