@@ -7,6 +7,10 @@
 # 2.12.5, pydantic-core 2.41.5, annotated-types, typing-inspection and platformdirs (cp312 manylinux) in .whl/,
 # and FlashMLA's tests in .flashmla/: `git -C FLASHMLA_REPO archive HEAD tests | tar -x -C .flashmla`.
 # Then the device call: carry [".whl", ".flashmla"], command `bash benchmarks/device_flash_mla.sh`.
+#   bash benchmarks/device_flash_mla.sh rerun   only the cases listed in .flashmla/rerun/{suite_bf16,suite_fp16,
+#                                               extra_bf16}.json (an earlier run's failures, its JSONs' "failures"),
+#                                               the GPU tests, no timings
+mode=${1:-all}
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -22,15 +26,15 @@ run() {  # name, time limit, command...
 }
 mkdir -p /tmp/logs
 # FlashMLA's suite in 5 slices a dtype and the extra cases in 3, side by side (compiling is what takes the time)
-for dtype in bf16 fp16; do
-  for k in 0 1 2 3 4; do
-    run "suite_${dtype}_$k" 300 python3 benchmarks/flash_mla_dropin.py suite --flashmla .flashmla --dtype $dtype \
-      --shard $k/5 --json "/tmp/logs/suite_${dtype}_$k.json" &
+select=()
+if [ "$mode" = rerun ]; then select=(--cases); fi
+for job in suite_bf16 suite_fp16 extra_bf16; do
+  slices=5
+  [ "$job" = extra_bf16 ] && slices=3
+  for k in $(seq 0 $((slices - 1))); do
+    run "${job}_$k" 300 python3 benchmarks/flash_mla_dropin.py "${job%_*}" --flashmla .flashmla --dtype "${job#*_}" \
+      --shard "$k/$slices" --json "/tmp/logs/${job}_$k.json" ${select[@]+"${select[@]}" ".flashmla/rerun/$job.json"} &
   done
-done
-for k in 0 1 2; do
-  run "extra_bf16_$k" 300 python3 benchmarks/flash_mla_dropin.py extra --flashmla .flashmla --dtype bf16 --shard $k/3 \
-    --json "/tmp/logs/extra_bf16_$k.json" &
 done
 run pytest_gpu 300 python3 -m pytest -q -p no:cacheprovider tests/test_flash_mla.py tests/test_ops.py \
   tests/test_decode.py -k "flash_mla or causal or matches_reference or default_call or graph or partial" &
@@ -50,7 +54,8 @@ for name, counts in totals.items():
     print(name, dict(counts))
 PY
 grep -h "^NOT APPLICABLE" /tmp/logs/*.log | head -5
-tar -czf "$OUT/logs.tar.gz" -C /tmp logs  # (at most 8 files come back: the logs and counts travel as one)
+tar -czf "$OUT/logs_$mode.tar.gz" -C /tmp logs  # (at most 8 files come back: the logs and counts travel as one)
+[ "$mode" = rerun ] && exit 0
 # alone on the GPU from here: timings
 timeout 100 python3 benchmarks/latency_probe.py --partials --only "B1 H16" 2>&1 | tee "$OUT/latency_partials.log" \
   | grep -v "^#" | cut -c1-240

@@ -14,6 +14,9 @@ their timing looks the kernel up by FlashMLA's kernel name in a profile, which m
 extra: the same test function on cases FlashMLA cannot run: page sizes 1, 16 and 256, and a Dc 256 geometry
 (d 320, dv 256), over a grid of the suite's batch, Sq, length, head, varlen and causal values.
 
+--cases FILE: only these of the job's cases (a JSON list of their parameters, e.g. the failures of an earlier
+run), each still run through the suite's own test function.
+
 --shard K/N: the K-th of N contiguous slices of the cases (processes side by side; their counts add up). The
 suite's `main()` runs first with the test function only collecting its cases, then this slice runs through it.
 
@@ -98,8 +101,12 @@ class Counts:
         return {"counts": dict(self.counts), "failures": self.failures, "seconds": time.perf_counter() - self.started}
 
 
-def shard(cases: list, text: str) -> list:
-    index, count = (int(part) for part in text.split("/"))
+def select(cases: list, args) -> list:
+    """The cases this process runs: those named by --cases (if given), then its --shard slice."""
+    if args.cases:
+        wanted = {json.dumps(case, sort_keys=True) for case in json.loads(args.cases.read_text())}
+        cases = [case for case in cases if json.dumps(dataclasses.asdict(case), sort_keys=True) in wanted]
+    index, count = (int(part) for part in args.shard.split("/"))
     return cases[len(cases) * index // count : len(cases) * (index + 1) // count]
 
 
@@ -110,9 +117,9 @@ def run_suite(args) -> dict:
     cases = []
     suite.test_flash_mla = cases.append  # main() looks the test function up in its module at each case
     suite.main(torch.bfloat16 if args.dtype == "bf16" else torch.float16)  # (its device and dtype defaults too)
-    for case in shard(cases, args.shard):
+    for case in select(cases, args):
         counts(case)
-    return {**counts.summary(), "suite_cases": len(cases), "shard": args.shard}
+    return {**counts.summary(), "suite_cases": len(cases), "shard": args.shard, "selected": str(args.cases or "")}
 
 
 def run_extra(args) -> dict:
@@ -135,9 +142,9 @@ def run_extra(args) -> dict:
         for h_q, is_causal in itertools.product([1, 16, 128], [False, True]):
             cases.append(suite.TestParam(32, 2, 4096, is_varlen=True, is_causal=is_causal, test_performance=False,
                                          have_zero_seqlen_k=True, h_q=h_q, **geometry))  # fmt: skip
-    for case in shard(cases, args.shard):
+    for case in select(cases, args):
         counts(case)
-    return {**counts.summary(), "suite_cases": len(cases), "shard": args.shard}
+    return {**counts.summary(), "suite_cases": len(cases), "shard": args.shard, "selected": str(args.cases or "")}
 
 
 def run_host(args) -> dict:
@@ -190,6 +197,7 @@ def main() -> None:
     parser.add_argument("--flashmla", type=Path, help="a FlashMLA checkout (its tests/ folder is what is read)")
     parser.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     parser.add_argument("--shard", default="0/1", help="K/N: the K-th of N contiguous slices of the cases")
+    parser.add_argument("--cases", type=Path, help="a JSON list of case parameters: only those cases")
     parser.add_argument("--calls", type=int, default=400)
     parser.add_argument("--samples", type=int, default=9)
     parser.add_argument("--json", type=Path)
