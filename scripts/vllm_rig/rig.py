@@ -239,14 +239,20 @@ def open_engine(spec: EngineSpec, model: Path) -> tuple[Any, dict[str, Any]]:
 
 
 def close_engine(llm: Any) -> None:
-    import torch
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
     with contextlib.suppress(Exception):  # the in-process client may have nothing to shut down
         llm.llm_engine.engine_core.shutdown()
     del llm
+    release_engine_state()
+
+
+def release_engine_state() -> None:
+    """Free what a closed (or failed) engine left: distributed groups, cached GPU memory."""
+    import torch
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
     gc.collect()
-    cleanup_dist_env_and_memory()
+    with contextlib.suppress(Exception):
+        cleanup_dist_env_and_memory()
     torch.cuda.empty_cache()
 
 

@@ -18,6 +18,8 @@ Per engine, in order:
   3. full: the 128 prompts with 256 new tokens (wall time T2; TTFT and ITL per request from RequestOutput.metrics).
 Reported: output tokens/s = 128*256/T2; decode tokens/s = 128*255/(T2-T1) (the decode phase alone, the kernels'
 share); median and p90 TTFT; median ITL ((last token - first token)/(n-1) per request).
+Engines run one after another in this process: an engine that fails to start is recorded and the next one
+starts, but a CUDA fault ends the run (e2e.py, the call before, isolates crashes per engine).
 Targets (issue 40): mlagen decode tokens/s >= FLASHMLA's where both run, and >= 2x TRITON_MLA's at 128 heads.
 """
 
@@ -141,6 +143,8 @@ def main() -> int:
                 result = run_engine(spec, model, prompts, args.new_tokens)
             except Exception as error:
                 import traceback
+
+                rig.release_engine_state()  # a failed start can leave groups behind; the next engine needs them gone
 
                 row.update(verdict="ERROR", error=repr(error)[:300], traceback=traceback.format_exc()[-3000:])
                 rows.append(row)
