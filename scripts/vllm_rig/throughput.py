@@ -1,0 +1,221 @@
+"""Offline throughput of mlagen's vLLM backend (CUSTOM) against FLASHMLA and TRITON_MLA, with a correctness check
+of every row in the same run.
+
+    python3 scripts/vllm_rig/throughput.py --out throughput.json     (device.sh throughput; after device.sh install)
+
+Models: random-weight DeepseekV3ForCausalLM of real MLA geometry (DeepSeek-V3 at 16 and 128 heads per rank,
+Mistral-Small-4 at 32) on a small dense body (hidden 2048, vocab 4096) of --layers layers (default 8: with 1-2
+layers vLLM's per-step host work, about 5 ms at batch 128, hides the attention kernels; with 8 they are about half
+of a decode step at 4-8k tokens). Workload (defaults): 128 prompts of uniform random length 1024..8192 tokens,
+256 new tokens each, greedy, ignore_eos, all 128 in flight (max_num_seqs 128), prefix caching off.
+Graphs: FULL_DECODE_ONLY CUDA graphs without torch.compile for every backend (decode replays graphs as in
+serving; prefill runs eagerly for all three alike), capture sizes up to 128.
+
+Per engine, in order:
+  1. correctness: 8 of the prompts (truncated to 2048 tokens), 16 new tokens, logprobs=5, compared with TRITON_MLA's
+     outputs by e2e.py's metric and bf16 thresholds (rig.compare), so each row is checked in the same run;
+  2. prefill only: the 128 prompts with max_tokens=1 (wall time T1);
+  3. full: the 128 prompts with 256 new tokens (wall time T2; TTFT and ITL per request from RequestOutput.metrics).
+Reported: output tokens/s = 128*256/T2; decode tokens/s = 128*255/(T2-T1) (the decode phase alone, the kernels'
+share); median and p90 TTFT; median ITL ((last token - first token)/(n-1) per request).
+Engines run one after another in this process: an engine that fails to start is recorded and the next one
+starts, but a CUDA fault ends the run (e2e.py, the call before, isolates crashes per engine).
+Targets (issue 40): mlagen decode tokens/s >= FLASHMLA's where both run, and >= 2x TRITON_MLA's at 128 heads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import rig  # noqa: E402
+
+CHECK_PROMPTS = 8
+CHECK_LENGTH = 2048
+CHECK_TOKENS = 16
+TOLERANCE = rig.Tolerance(max_abs=0.15, mean_abs=0.02, tie=0.15, coverage=0.5)  # e2e.py's bf16 thresholds
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def run_engine(spec: rig.EngineSpec, model: Path, prompts: list[list[int]], new_tokens: int) -> dict:
+    llm, facts = rig.open_engine(spec, model)
+    try:
+        check_prompts = [p[:CHECK_LENGTH] for p in prompts[:CHECK_PROMPTS]]
+        check = rig.generate(llm, check_prompts, rig.sampling(CHECK_TOKENS, logprobs=5, prompt_logprobs=None))
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": p} for p in prompts], rig.sampling(1, None, None), use_tqdm=False)
+        prefill_s = time.perf_counter() - start
+        start = time.perf_counter()
+        outputs = llm.generate(
+            [{"prompt_token_ids": p} for p in prompts], rig.sampling(new_tokens, None, None), use_tqdm=False
+        )
+        total_s = time.perf_counter() - start
+    finally:
+        rig.close_engine(llm)
+    generated = sum(len(o.outputs[0].token_ids) for o in outputs)
+    ttft, itl = [], []
+    for o in outputs:
+        m = o.metrics
+        if m is None:
+            continue
+        if getattr(m, "first_token_latency", 0.0) > 0:
+            ttft.append(m.first_token_latency)
+        n = getattr(m, "num_generation_tokens", 0)
+        if n > 1 and m.last_token_ts > m.first_token_ts:
+            itl.append((m.last_token_ts - m.first_token_ts) / (n - 1))
+    decode_tokens = generated - len(prompts)
+    return {
+        "facts": facts,
+        "check": check,
+        "generated": generated,
+        "prefill_s": round(prefill_s, 3),
+        "total_s": round(total_s, 3),
+        "output_tok_s": generated / total_s,
+        "decode_tok_s": decode_tokens / (total_s - prefill_s) if total_s > prefill_s else float("nan"),
+        "ttft_median_ms": 1e3 * statistics.median(ttft) if ttft else float("nan"),
+        "ttft_p90_ms": 1e3 * percentile(ttft, 0.9),
+        "itl_median_ms": 1e3 * statistics.median(itl) if itl else float("nan"),
+        "metrics_missing": not ttft,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=Path("throughput.json"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-rig/throughput"))
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--prompts", type=int, default=128)
+    parser.add_argument("--min-len", type=int, default=1024)
+    parser.add_argument("--max-len", type=int, default=8192)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--models", default="dsv3-h16,dsv3-h128,ms4-h32")
+    parser.add_argument("--budget", type=float, default=520.0, help="seconds; later engines are NOT RUN")
+    args = parser.parse_args()
+
+    t0 = time.time()
+    body = rig.Body(hidden=2048, vocab=4096, layers=args.layers, max_positions=args.max_len + args.new_tokens + 64)
+    import random
+
+    rng = random.Random(3)
+    lengths = [rng.randint(args.min_len, args.max_len) for _ in range(args.prompts)]
+    prompts = rig.random_prompts(lengths, body.vocab, seed=4)
+    per_token_bytes = 576 * 2 * args.layers  # Dc + Dr (at most 576) bf16 values per token and layer
+    kv_gib = 1.25 * args.prompts * (args.max_len + args.new_tokens + 64) * per_token_bytes / 2**30
+    print(
+        f"[throughput] {args.prompts} prompts of {args.min_len}..{args.max_len} tokens (mean "
+        f"{sum(lengths) / len(lengths):.0f}), {args.new_tokens} new tokens, {args.layers} layers, KV cache "
+        f"{kv_gib:.1f} GiB",
+        flush=True,
+    )
+    rows = []
+    for name in args.models.split(","):
+        geometry = rig.GEOMETRIES[name]
+        model = rig.write_model(args.work / name, geometry, body, seed=0)
+        reference = None
+        backends = ["TRITON_MLA"] + (["FLASHMLA"] if geometry.flashmla else []) + ["CUSTOM"]
+        for backend in backends:
+            label = f"{name} {backend if backend != 'CUSTOM' else 'mlagen'}"
+            if time.time() - t0 > args.budget:
+                rows.append({"label": label, "model": name, "backend": backend, "verdict": "NOT RUN: time budget"})
+                continue
+            spec = rig.EngineSpec(
+                label,
+                backend,
+                block_size=64,
+                graphs="full_decode",
+                max_num_seqs=args.prompts,
+                max_model_len=args.max_len + args.new_tokens + 64,
+                kv_cache_gib=kv_gib,
+                capture_sizes=[1, 2, 4, 8, 16, 32, 64, 128],
+            )
+            row = {"label": label, "model": name, "backend": backend}
+            try:
+                result = run_engine(spec, model, prompts, args.new_tokens)
+            except Exception as error:
+                import traceback
+
+                rig.release_engine_state()  # a failed start can leave groups behind; the next engine needs them gone
+
+                row.update(verdict="ERROR", error=repr(error)[:300], traceback=traceback.format_exc()[-3000:])
+                rows.append(row)
+                print(f"[throughput] {label}: ERROR {error!r}"[:400], flush=True)
+                continue
+            check = result.pop("check")
+            row.update(result)
+            problems = []
+            if result["facts"].get("backend") != backend:
+                problems.append(f"engine ran {result['facts'].get('backend')}")
+            if backend == "TRITON_MLA":
+                reference = check
+                row["verdict"] = "REFERENCE" if not problems else "FAIL"
+            elif reference is None:
+                row["verdict"] = "NO REFERENCE"
+            else:
+                row["compare"] = rig.compare(reference, check, TOLERANCE)
+                problems += row["compare"]["problems"]
+                row["verdict"] = "PASS" if not problems else "FAIL"
+            row["problems"] = problems
+            rows.append(row)
+            print(f"[throughput] {label}: {row['decode_tok_s']:.0f} decode tok/s, {row['verdict']}", flush=True)
+
+    print(
+        f"\n[throughput] {args.layers} layers, {args.prompts} prompts {args.min_len}..{args.max_len}, "
+        f"{args.new_tokens} new tokens, block 64, FULL_DECODE_ONLY graphs"
+    )
+    print(
+        f"{'engine':24} {'out tok/s':>10} {'decode tok/s':>12} {'prefill s':>9} {'TTFT med ms':>11} "
+        f"{'TTFT p90 ms':>11} {'ITL med ms':>10} {'max|d|':>7}  check"
+    )
+    for row in rows:
+        if "decode_tok_s" not in row:
+            print(f"{row['label']:24} {row['verdict']} {row.get('error', '')}")
+            continue
+        cmp = row.get("compare") or {}
+        print(
+            f"{row['label']:24} {row['output_tok_s']:10.0f} {row['decode_tok_s']:12.0f} {row['prefill_s']:9.2f} "
+            f"{row['ttft_median_ms']:11.1f} {row['ttft_p90_ms']:11.1f} {row['itl_median_ms']:10.2f} "
+            f"{cmp.get('max_abs', float('nan')):7.4f}  {row['verdict']}"
+            + (f" {'; '.join(row['problems'])}" if row.get("problems") else "")
+        )
+    targets = []
+    for name in args.models.split(","):
+        by_backend = {r["backend"]: r for r in rows if r["model"] == name and "decode_tok_s" in r}
+        mine = by_backend.get("CUSTOM")
+        if mine is None:
+            continue
+        if "FLASHMLA" in by_backend:
+            ratio = mine["decode_tok_s"] / by_backend["FLASHMLA"]["decode_tok_s"]
+            targets.append(f"{name}: mlagen/FLASHMLA decode {ratio:.2f} (target >= 1)")
+        if "TRITON_MLA" in by_backend:
+            ratio = mine["decode_tok_s"] / by_backend["TRITON_MLA"]["decode_tok_s"]
+            goal = " (target >= 2)" if rig.GEOMETRIES[name].heads == 128 else ""
+            targets.append(f"{name}: mlagen/TRITON_MLA decode {ratio:.2f}{goal}")
+    for line in targets:
+        print("[throughput]", line)
+    print(f"[throughput] {time.time() - t0:.0f} s")
+    rig.write_json(
+        args.out,
+        {
+            "layers": args.layers,
+            "prompt_lengths": lengths,
+            "new_tokens": args.new_tokens,
+            "tolerance": TOLERANCE,
+            "rows": rows,
+            "targets": targets,
+        },
+    )
+    return 0 if rows and all(r["verdict"] in ("PASS", "REFERENCE") for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
