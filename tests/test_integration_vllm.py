@@ -151,12 +151,13 @@ def world(hopper_platform, unpinned_host_memory):
 
 
 def _vllm_config(model_dir, *, block_size: int, cache_dtype: str) -> VllmConfig:
+    """The configuration `LLM(model_dir, attention_backend="CUSTOM", block_size=..., kv_cache_dtype=...)` gives."""
     model = ModelConfig(model=str(model_dir), skip_tokenizer_init=True, dtype="bfloat16", max_model_len=512)
     return VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=block_size, cache_dtype=cache_dtype),
         device_config=DeviceConfig(device="cpu"),
-        attention_config=AttentionConfig(backend="CUSTOM", mla_prefill_backend="CUSTOM"),
+        attention_config=AttentionConfig(backend="CUSTOM"),
     )
 
 
@@ -194,6 +195,8 @@ class Rig:
                 prefix=LAYER,
                 attn_backend=backend.MlagenBackend,
             )
+            # the backend chose mlagen's stand-in prefill backend (vLLM's FlashAttention one refuses Dn 32)
+            assert isinstance(self.layer.prefill_backend, backend.MlagenPrefillBackend)
             self.layer.process_weights_after_loading(torch.bfloat16)
             self.kv_scale = 0.0 if not self.fp8 else 0.02
             if self.fp8:
@@ -405,6 +408,22 @@ def test_backend_declarations(world):
     assert MLAPrefillBackendEnum.CUSTOM.get_class() is backend.MlagenPrefillBackend
 
 
+def test_plugin_entry_point_registers(world):
+    """vLLM's own plugin loader finds mlagen's entry point (the installed package's metadata) and its
+    register() makes MlagenBackend the CUSTOM backend."""
+    from importlib.metadata import entry_points
+
+    from vllm.plugins import load_plugins_by_group
+    from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES, AttentionBackendEnum
+
+    (point,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "mlagen"]
+    assert point.value == "mlagen_compiler.integrations.vllm:register"
+    AttentionBackendEnum.CUSTOM.clear_override()
+    assert AttentionBackendEnum.CUSTOM not in _ATTN_OVERRIDES
+    load_plugins_by_group("vllm.general_plugins")["mlagen"]()
+    assert AttentionBackendEnum.CUSTOM.get_class() is backend.MlagenBackend
+
+
 def test_triton_placeholder_is_vllms_own(world):
     """vLLM disables its own Triton handle without a GPU; the generated modules' triton is the real one."""
     import triton
@@ -468,3 +487,24 @@ def test_spec_follows_vllm_layer(world, model_dir):
         assert (spec.num_heads, spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim) == (HEADS, DC, DR, DN)
         assert spec.v_head_dim == DV and spec.page_size == 32 and spec.dtype == "bfloat16"
         assert spec.softmax_scale == SCALE and (spec.cache_dtype or spec.dtype) == expected
+
+
+def test_engine_start_refuses_geometry(world, model_dir):
+    """A layer whose geometry the spec refuses fails when vLLM constructs it, with the spec's one line."""
+    config = _vllm_config(model_dir, block_size=16, cache_dtype="auto")
+    with set_current_vllm_config(config), pytest.raises(ValueError) as error:
+        MLAAttention(
+            num_heads=HEADS,
+            scale=SCALE,
+            qk_nope_head_dim=DN,
+            qk_rope_head_dim=DR,
+            v_head_dim=DV,
+            q_lora_rank=None,
+            kv_lora_rank=40,
+            kv_b_proj=ReplicatedLinear(40, HEADS * (DN + DV), bias=False, params_dtype=torch.bfloat16),
+            cache_config=config.cache_config,
+            prefix=f"{LAYER}.refused",
+            attn_backend=backend.MlagenBackend,
+        )
+    assert "kv_lora_rank=40 is not allowed: must be a multiple of 16 in 64..1024" in str(error.value)
+    assert "\n" not in str(error.value).strip()

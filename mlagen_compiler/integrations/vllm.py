@@ -1,7 +1,7 @@
 """vLLM attention backend serving MLA layers on mlagen's generated kernels (optional extra ``mlagen[vllm]``).
 
-    vllm serve MODEL --attention-backend CUSTOM --attention-config '{"mla_prefill_backend": "CUSTOM"}'
-    LLM(MODEL, attention_config={"backend": "CUSTOM", "mla_prefill_backend": "CUSTOM"})
+    vllm serve MODEL --attention-backend CUSTOM
+    LLM(MODEL, attention_backend="CUSTOM")
 
 The package's entry point in the ``vllm.general_plugins`` group (``mlagen``, see pyproject.toml) calls
 `register` in every vLLM process, which registers `MlagenBackend` as vLLM's ``CUSTOM`` attention backend and
@@ -22,9 +22,10 @@ whose per-layer scale is vLLM's ``k_scale``: vLLM stores latent / k_scale, as ml
 Modules are loaded through the compile cache (``mlagen_compiler.load``: one build per node, under a file
 lock) once per distinct spec.
 
-The MLA prefill backend named ``CUSTOM`` only serves this attention backend (whose ``forward_mha`` calls
-mlagen's prefill kernels); choosing it keeps vLLM from constructing its FlashAttention prefill backend, which
-refuses geometries other than DeepSeek's, GLM's and Mistral-Small-4's and needs the FlashAttention library.
+vLLM also gives every MLA layer a prefill backend object; this backend's ``forward_mha`` never uses it. Unless
+``attention_config.mla_prefill_backend`` names one, the layer's construction sets it to ``CUSTOM``, the
+stand-in `MlagenPrefillBackend`, which passes vLLM's prefill selection for any geometry (vLLM's default,
+FlashAttention, refuses all but DeepSeek's, GLM's and Mistral-Small-4's and needs its library).
 """
 
 from __future__ import annotations
@@ -255,10 +256,10 @@ class MlagenMetadataBuilder(MLACommonMetadataBuilder[MlagenMetadata]):
         for name, impl in zip(layer_names, impls, strict=True):
             if not isinstance(impl, MlagenImpl):
                 raise ValueError(f"{name}: its attention runs {type(impl).__name__}, not mlagen's MlagenImpl")
-        specs = {impl.spec_for(self.page_size) for impl in impls}
-        if len(specs) != 1:
+        modules = {id(module): module for module in (impl.module_for(self.page_size) for impl in impls)}
+        if len(modules) != 1:
             raise ValueError(f"layers {layer_names[0]}..{layer_names[-1]} of one cache group differ in geometry")
-        self.module = _module_for(specs.pop())
+        self.module = modules.popitem()[1]
         self._schedules: dict[tuple[int, int], Any] = {}
 
     def _schedule(self, batch: int, seqlen_q: int) -> Any:
@@ -358,9 +359,15 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         self.model_dtype = config.model_config.dtype if config.model_config is not None else torch.get_default_dtype()
         self.fp8_cache = _CACHE_DTYPES.get(kv_cache_dtype) in SCALED_CACHE_DTYPES
         self._w_uk_uv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._modules: dict[int, ModuleType] = {}
         block_size = config.cache_config.block_size
         # a geometry, dtype or block size the spec refuses is an error now, at engine start
         self.spec_for(block_size if block_size in KERNEL_BLOCK_SIZES else KERNEL_BLOCK_SIZES[-1])
+        # vLLM picks the layer's MLA prefill backend right after this: mlagen's stand-in unless one is configured
+        if config.attention_config.mla_prefill_backend is None:
+            from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
+
+            config.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.CUSTOM
 
     def spec_for(self, block_size: int) -> MLASpec:
         """This layer's spec with pages of `block_size` tokens (vLLM's kernel block size)."""
@@ -376,6 +383,13 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
             kv_cache_dtype=self.kv_cache_dtype,
             block_size=block_size,
         )
+
+    def module_for(self, block_size: int) -> ModuleType:
+        """The generated module of this layer's spec with pages of `block_size` tokens (memoised per layer)."""
+        module = self._modules.get(block_size)
+        if module is None:
+            module = self._modules[block_size] = _module_for(self.spec_for(block_size))
+        return module
 
     def _paged(self, kv_cache: torch.Tensor) -> torch.Tensor:
         """vLLM's [num_blocks, block_size, Dc+Dr] cache as mlagen's [num_pages, page_size, 1, Dc+Dr]
@@ -400,8 +414,7 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
             return
         slot_mapping = slot_mapping.flatten()
         num_tokens = slot_mapping.shape[0]  # inputs may be padded past the slots (as concat_and_cache_mla reads)
-        module = _module_for(self.spec_for(kv_cache.shape[1]))
-        module.mla_cache_write(
+        self.module_for(kv_cache.shape[1]).mla_cache_write(
             kv_c_normed[:num_tokens],
             k_pe.reshape(k_pe.shape[0], -1)[:num_tokens],
             self._paged(kv_cache),
