@@ -438,7 +438,7 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         batch = attn_metadata.num_decodes
         seqlen_q = num_tokens // batch
         out, lse = module.mla_decode(
-            q.view(batch, seqlen_q, num_heads, width),
+            q.reshape(batch, seqlen_q, num_heads, width),
             self._paged(kv_c_and_k_pe_cache),
             decode.block_table,
             decode.seq_lens,
