@@ -231,14 +231,22 @@ class Rig:
     def _randn(self, *shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=self.generator)
 
-    def step(self, requests: list[tuple[int, int, int]], padding: int = 0) -> tuple[torch.Tensor, object]:
+    def step(
+        self, requests: list[tuple[int, int, int]], padding: int = 0, graph_requests: int = 0
+    ) -> tuple[torch.Tensor, object]:
         """One forward of the layer: requests (sequence, first position, new tokens), decodes first as
-        vLLM orders them; `padding` extra token rows (slot -1, as CUDA-graph padding). Returns the
-        layer's output rows of the real tokens [T, H*Dv] and the metadata."""
+        vLLM orders them; `padding` extra token rows (slot -1). graph_requests: pad the batch as vLLM pads
+        a batch for a full CUDA graph, to that many requests (the extra ones: no tokens, length 0, block
+        table rows of page 0; the padding rows count as tokens) and build through
+        build_for_cudagraph_capture. Returns the layer's output rows of the real tokens [T, H*Dv] and the
+        metadata."""
         lengths = [n for _, _, n in requests]
+        num_reqs = max(len(requests), graph_requests)
         starts = torch.tensor([0, *torch.cumsum(torch.tensor(lengths), 0).tolist()], dtype=torch.int32)
+        starts = torch.cat([starts, starts[-1:].expand(num_reqs - len(requests))])
         seq_lens = torch.tensor([first + n for _, first, n in requests], dtype=torch.int32)
-        table = torch.zeros(len(requests), self.max_pages, dtype=torch.int32)
+        seq_lens = torch.cat([seq_lens, torch.zeros(num_reqs - len(requests), dtype=torch.int32)])
+        table = torch.zeros(num_reqs, self.max_pages, dtype=torch.int32)
         slots, q, c_kv, k_pe = [], [], [], []
         for row, (index, first, count) in enumerate(requests):
             seq = self.sequences[index]
@@ -253,20 +261,24 @@ class Rig:
         c_kv = torch.cat([*c_kv, torch.randn(padding, DC, generator=self.generator).to(torch.bfloat16)])
         k_pe = torch.cat([*k_pe, torch.randn(padding, DR, generator=self.generator).to(torch.bfloat16)])
         slot_mapping = torch.tensor(slots + [-1] * padding, dtype=torch.int64)
+        counted = num_tokens + padding if graph_requests else num_tokens
         common = CommonAttentionMetadata(
             query_start_loc=starts,
             query_start_loc_cpu=starts.clone(),
             seq_lens=seq_lens,
-            num_reqs=len(requests),
-            num_actual_tokens=num_tokens,
+            num_reqs=num_reqs,
+            num_actual_tokens=counted,
             max_query_len=max(lengths),
             max_seq_len=int(seq_lens.max()),
             block_table_tensor=table,
-            slot_mapping=slot_mapping[:num_tokens],
+            slot_mapping=slot_mapping[:counted],
             seq_lens_cpu_upper_bound=seq_lens.clone(),
         )
         with set_current_vllm_config(self.config):
-            metadata = self.builder.build(0, common)
+            if graph_requests:
+                metadata = self.builder.build_for_cudagraph_capture(common)
+            else:
+                metadata = self.builder.build(0, common)
             with set_forward_context({LAYER: metadata}, self.config, slot_mapping={LAYER: slot_mapping}):
                 out = self.layer(q, c_kv, k_pe.unsqueeze(1), output_shape=(num_tokens + padding, HEADS * DV))
         return out[:num_tokens], metadata
@@ -336,7 +348,7 @@ def test_layer_steps_match_reference(world, model_dir, cache_dtype, block_size):
     """A prompt in two chunks beside a short one, a mixed decode + chunk step, uniform 2-token decode steps
     (speculative / MTP) and padded 1-token steps: every output equals float64 MLA within bf16 tolerance, and
     the cache holds exactly the written rows."""
-    rig = Rig(model_dir, block_size=block_size, cache_dtype=cache_dtype, lengths=[25, 14], seed=7)
+    rig = Rig(model_dir, block_size=block_size, cache_dtype=cache_dtype, lengths=[25, 15], seed=7)
 
     # a prompt chunk (12 tokens) and a whole short prompt (9 tokens), nothing cached before
     step = [(0, 0, 12), (1, 0, 9)]
@@ -370,6 +382,13 @@ def test_layer_steps_match_reference(world, model_dir, cache_dtype, block_size):
     out, metadata = rig.step([(0, 23, 1), (1, 13, 1)])
     assert metadata.decode.schedule is schedule, "a batch shape's schedule is planned once and reused"
     _check(out, rig.reference([(0, 23, 1), (1, 13, 1)], decodes=2), "1-token decode again")
+
+    # a batch padded as for a full CUDA graph: 2 requests + 2 padding requests of length 0, 2 padding tokens
+    step = [(0, 24, 1), (1, 14, 1)]
+    out, metadata = rig.step(step, padding=2, graph_requests=4)
+    assert metadata.num_decodes == 4 and metadata.decode.schedule.batch_size == 4
+    _check(out, rig.reference(step, decodes=2), "decode padded for a CUDA graph")
+    rig.check_cache({0: 25, 1: 15})
 
 
 def test_backend_declarations(world):
