@@ -397,6 +397,7 @@ def test_backend_declarations(world):
     cls = backend.MlagenBackend
     assert cls.get_name() == "MLAGEN" and cls.is_mla()
     assert cls.get_supported_kernel_block_sizes() == [1, 2, 4, 8, 16, 32, 64, 128, 256]
+    assert cls.get_preferred_block_size(CacheConfig.DEFAULT_BLOCK_SIZE) == 64
     assert cls.supports_block_size(16) and cls.supports_block_size(1024)
     assert cls.supports_head_size(80) and cls.supports_head_size(576)
     assert cls.supports_kv_cache_dtype("fp8") and not cls.supports_kv_cache_dtype("fp8_e5m2")

@@ -66,6 +66,7 @@ except ImportError as error:  # the extra is not installed, or a vLLM whose inte
 __all__ = [
     "BACKEND_NAME",
     "KERNEL_BLOCK_SIZES",
+    "PREFERRED_BLOCK_SIZE",
     "UNTESTED_ENV",
     "VLLM_TESTED_VERSIONS",
     "MlagenBackend",
@@ -84,6 +85,9 @@ BACKEND_NAME = "MLAGEN"
 UNTESTED_ENV = "MLAGEN_VLLM_ALLOW_UNTESTED"
 #: kernel block sizes (cache pages) the spec allows: powers of two in 1..256
 KERNEL_BLOCK_SIZES = tuple(1 << i for i in range(9))
+#: the block size the backend asks vLLM for when none is given (--block-size): pages of whole 64-token cache
+#: blocks are fetched by TMA, and the shipped tuned configurations are for 64-token pages
+PREFERRED_BLOCK_SIZE = 64
 #: vLLM's kv_cache_dtype names -> the spec's cache_dtype (None: the model's 16-bit dtype)
 _CACHE_DTYPES: dict[str, str | None] = {
     "auto": None,
@@ -192,6 +196,10 @@ class MlagenBackend(MLACommonBackend):
     @staticmethod
     def get_supported_kernel_block_sizes() -> list[int]:
         return list(KERNEL_BLOCK_SIZES)
+
+    @classmethod
+    def get_preferred_block_size(cls, default_block_size: int) -> int:
+        return PREFERRED_BLOCK_SIZE
 
     @classmethod
     def get_supported_head_sizes(cls) -> list[int]:
