@@ -51,7 +51,7 @@ from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadat
 
 from mlagen_compiler.integrations import vllm as backend  # noqa: E402
 from mlagen_compiler.reference import attention, causal_mask, dequantize_cache, quantize_latent  # noqa: E402
-from mlagen_compiler.verify import compare  # noqa: E402
+from mlagen_compiler.verify import LSE_TOLERANCE, compare  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     torch.cuda.is_available(), reason="CPU test of the vLLM backend (the GPU rig runs vLLM)"
@@ -389,6 +389,33 @@ def test_layer_steps_match_reference(world, model_dir, cache_dtype, block_size):
     assert metadata.num_decodes == 4 and metadata.decode.schedule.batch_size == 4
     _check(out, rig.reference(step, decodes=2), "decode padded for a CUDA graph")
     rig.check_cache({0: 25, 1: 15})
+
+
+def test_decode_lse_layout(world, model_dir):
+    """forward_mqa's LSE where vLLM asks for it (decode context parallelism): [tokens, H], natural log,
+    as vLLM's own MLA backends return it, for a 2-token step; the output rows as without it."""
+    rig = Rig(model_dir, block_size=8, cache_dtype="auto", lengths=[11, 6], seed=3)
+    rig.step([(0, 0, 9), (1, 0, 4)])
+    rig.builder.reorder_batch_threshold = 2
+    step = [(0, 9, 2), (1, 4, 2)]
+    _, metadata = rig.step(step)
+    impl, layer = rig.layer.impl, rig.layer
+    q = torch.cat([rig.sequences[0].q[9:11], rig.sequences[1].q[4:6]])
+    q_latent = torch.einsum("thn,hnc->thc", q[..., :DN].float(), layer.W_UK_T.float()).to(torch.bfloat16)
+    q_absorbed = (q_latent, q[..., DN:])
+    impl.need_to_return_lse_for_decode = True
+    out, lse = impl.forward_mqa(q_absorbed, rig.cache, metadata, layer)
+    impl.need_to_return_lse_for_decode = False
+    plain, none = impl.forward_mqa(q_absorbed, rig.cache, metadata, layer)
+    assert none is None and torch.equal(out, plain)
+    assert lse.shape == (4, HEADS) and lse.dtype == torch.float32
+    for row, (index, first, count) in enumerate(step):
+        rows = rig.latents_seen(index, first + count, first, from_cache=True)
+        keys = rows[None].expand(HEADS, -1, -1).transpose(0, 1)  # [S, H, Dc+Dr]: one latent key for all heads
+        query = torch.cat([q_latent[2 * row : 2 * row + 2], q[2 * row : 2 * row + 2, :, DN:]], dim=-1).double()
+        ref_out, ref_lse = attention(query, keys, keys[..., :DC], SCALE, causal_mask(count, first + count))
+        _check(out[2 * row : 2 * row + 2], ref_out, "decode latent output")
+        torch.testing.assert_close(lse[2 * row : 2 * row + 2].double(), ref_lse.T, **LSE_TOLERANCE)
 
 
 def test_backend_declarations(world):

@@ -364,6 +364,10 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         # the decode query stays in the model dtype (the kernels dequantise an fp8 cache themselves)
         self.supports_quant_query_input = False
         config = get_current_vllm_config()
+        parallel = config.parallel_config
+        for name in ("decode_context_parallel_size", "prefill_context_parallel_size"):
+            if getattr(parallel, name) > 1:
+                raise NotImplementedError(f"{name}={getattr(parallel, name)}: mlagen's vLLM backend runs without it")
         self.model_dtype = config.model_config.dtype if config.model_config is not None else torch.get_default_dtype()
         self.fp8_cache = _CACHE_DTYPES.get(kv_cache_dtype) in SCALED_CACHE_DTYPES
         self._w_uk_uv: tuple[torch.Tensor, torch.Tensor] | None = None
