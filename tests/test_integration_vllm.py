@@ -418,6 +418,24 @@ def test_decode_lse_layout(world, model_dir):
         torch.testing.assert_close(lse[2 * row : 2 * row + 2].double(), ref_lse.T, **LSE_TOLERANCE)
 
 
+def test_decode_schedules_kept(world, model_dir):
+    """A batch shape's schedule (and its workspace) is planned once: those of captured CUDA graphs stay for
+    good, those of other shapes only for the EAGER_SCHEDULES_KEPT newest shapes (vLLM's batches take
+    hundreds of shapes)."""
+    rig = Rig(model_dir, block_size=16, cache_dtype="auto", lengths=[6, 6], seed=5)
+    _, metadata = rig.step([(0, 0, 1), (1, 0, 1)], padding=2, graph_requests=4)
+    captured = metadata.decode.schedule
+    builder = rig.builder
+    shapes = [(batch, 1) for batch in range(5, 5 + 2 * backend.EAGER_SCHEDULES_KEPT)]
+    first = builder._schedule(*shapes[0])
+    assert builder._schedule(*shapes[0]) is first
+    for shape in shapes[1:]:
+        builder._schedule(*shape)
+    assert list(builder._eager_schedules) == shapes[-backend.EAGER_SCHEDULES_KEPT :]
+    assert builder._schedule(*shapes[0]) is not first
+    assert builder._schedule(4, 1) is captured and (4, 1) not in builder._eager_schedules
+
+
 def test_backend_declarations(world):
     """What vLLM reads from the classes: name, block sizes the spec allows, CUDA-graph level, query lengths,
     and the refusals that reach the engine's start as one line."""

@@ -31,6 +31,7 @@ FlashAttention, refuses all but DeepSeek's, GLM's and Mistral-Small-4's and need
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar
@@ -65,6 +66,7 @@ except ImportError as error:  # the extra is not installed, or a vLLM whose inte
 
 __all__ = [
     "BACKEND_NAME",
+    "EAGER_SCHEDULES_KEPT",
     "KERNEL_BLOCK_SIZES",
     "PREFERRED_BLOCK_SIZE",
     "UNTESTED_ENV",
@@ -97,6 +99,9 @@ _CACHE_DTYPES: dict[str, str | None] = {
     "fp8_e4m3": "float8_e4m3fn",
 }
 _MODEL_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+#: decode schedules (each owns a split-KV workspace) kept for batch shapes outside captured CUDA graphs, newest
+#: first; the schedules of captured shapes are kept for good (their graphs write into those workspaces)
+EAGER_SCHEDULES_KEPT = 8
 
 
 def check_vllm_version(version: str | None = None) -> str | None:
@@ -268,15 +273,34 @@ class MlagenMetadataBuilder(MLACommonMetadataBuilder[MlagenMetadata]):
         if len(modules) != 1:
             raise ValueError(f"layers {layer_names[0]}..{layer_names[-1]} of one cache group differ in geometry")
         self.module = modules.popitem()[1]
-        self._schedules: dict[tuple[int, int], Any] = {}
+        self._graph_schedules: dict[tuple[int, int], Any] = {}
+        self._eager_schedules: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._capturing = False
 
     def _schedule(self, batch: int, seqlen_q: int) -> Any:
-        schedule = self._schedules.get((batch, seqlen_q))
+        """The decode schedule of a batch shape: planned once, reused with its workspace (see
+        EAGER_SCHEDULES_KEPT)."""
+        key = (batch, seqlen_q)
+        schedule = self._graph_schedules.get(key)
+        if schedule is not None:
+            return schedule
+        schedule = self._eager_schedules.pop(key, None)
         if schedule is None:
-            schedule = self._schedules[(batch, seqlen_q)] = self.module.get_decode_schedule(
-                batch, seqlen_q, self.device
-            )
+            schedule = self.module.get_decode_schedule(batch, seqlen_q, self.device)
+        if self._capturing:
+            self._graph_schedules[key] = schedule
+        else:
+            self._eager_schedules[key] = schedule
+            if len(self._eager_schedules) > EAGER_SCHEDULES_KEPT:
+                self._eager_schedules.popitem(last=False)
         return schedule
+
+    def build_for_cudagraph_capture(self, common_attn_metadata: Any) -> MlagenMetadata:
+        self._capturing = True
+        try:
+            return super().build_for_cudagraph_capture(common_attn_metadata)
+        finally:
+            self._capturing = False
 
     def _build_decode(
         self,
