@@ -1,11 +1,13 @@
-"""mlagen's vLLM attention backend (`mlagen_compiler.integrations.vllm`) with real vLLM objects, on the CPU.
+"""mlagen's vLLM attention backend (`mlagen_compiler.integrations.vllm`) with real vLLM objects.
 
 Runs only where vLLM is installed (`.venv-vllm`, made by `scripts/setup.sh vllm`; `scripts/test.sh` runs this
 file there); elsewhere the whole file is skipped. The objects are vLLM's own: a VllmConfig from a tiny
 DeepSeek-V3 config.json written here, a world of one process (gloo), vLLM's MLAAttention layer with its
 kv_b_proj, MLAAttention.forward (cache update, the split into decodes and prefills, the absorbed query and
 W_UV in vLLM's code), the backend's metadata builder on vLLM's CommonAttentionMetadata. Only the kernels are
-mlagen's, run in Triton's interpreter (`TRITON_INTERPRET=1`, set by conftest.py without a GPU).
+mlagen's, run in Triton's interpreter (`TRITON_INTERPRET=1`, set by conftest.py without a GPU). On a GPU
+(where vLLM is importable) the same tests run the compiled kernels, and one more captures a decode step of the
+layer in a CUDA graph and replays it on the next step's inputs, as vLLM's full graphs do.
 
 Without a GPU vLLM logs "Triton is installed but 0 active driver(s) found ... Disabling Triton": that swaps
 only vLLM's own handle (`vllm.triton_utils.triton`) for a placeholder. The generated modules import `triton`
@@ -15,9 +17,10 @@ is in place, so a vLLM that starts patching `triton` itself would be noticed her
 What the CPU cannot show, and so is left to the GPU rig: vLLM's engine (scheduler, model runner, CUDA graph
 capture and replay), its platform's choice of backend by name, `vllm._C` (absent from this wheel's CPU
 import), and timing. vLLM cannot know a compute capability without a GPU either: its MLA prefill selector then
-imports FlashAttention unconditionally, so the tests state Hopper's (9.0) on the platform object. And its MLA
-metadata builder puts the chunked-context bookkeeping in pinned host memory, which needs a CUDA driver: the
-tests give that module a torch whose empty / zeros leave out pin_memory (nothing else changes).
+imports FlashAttention unconditionally, so without a GPU the tests state Hopper's (9.0) on the platform object.
+And its MLA metadata builder puts the chunked-context bookkeeping in pinned host memory, which needs a CUDA
+driver: without a GPU the tests give that module a torch whose empty / zeros leave out pin_memory (nothing else
+changes).
 """
 
 from __future__ import annotations
@@ -53,10 +56,7 @@ from mlagen_compiler.integrations import vllm as backend  # noqa: E402
 from mlagen_compiler.reference import attention, causal_mask, dequantize_cache, quantize_latent  # noqa: E402
 from mlagen_compiler.verify import LSE_TOLERANCE, compare  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="CPU test of the vLLM backend (the GPU rig runs vLLM)"
-)
-
+DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
 # a small DeepSeek-V3 geometry that runs quickly in the interpreter
 HEADS, DC, DR, DN, DV = 4, 64, 16, 32, 32
 SCALE = 0.19  # not (Dn + Dr) ** -0.5: the backend must use the scale vLLM gives the layer
@@ -102,7 +102,10 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def hopper_platform():
-    """vLLM's platform object told it runs on compute capability 9.0 (see the module doc)."""
+    """Without a GPU, vLLM's platform object told it runs on compute capability 9.0 (see the module doc)."""
+    if DEVICE.type == "cuda":
+        yield
+        return
     platform = type(current_platform)
     original = platform.__dict__.get("get_device_capability")
     platform.get_device_capability = classmethod(lambda cls, device_id=0: DeviceCapability(9, 0))
@@ -130,8 +133,12 @@ class _UnpinnedTorch(types.ModuleType):
 
 @pytest.fixture(scope="module")
 def unpinned_host_memory():
-    """vLLM's MLA metadata code without pinned host memory (see the module doc)."""
+    """Without a GPU, vLLM's MLA metadata code without pinned host memory (see the module doc)."""
     from vllm.model_executor.layers.attention import mla_attention
+
+    if DEVICE.type == "cuda":
+        yield
+        return
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(mla_attention, "torch", _UnpinnedTorch("torch"))
@@ -143,7 +150,7 @@ def world(hopper_platform, unpinned_host_memory):
     """vLLM's process groups for one process (tensor, data, pipeline and context parallel size 1)."""
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
-    base = VllmConfig(device_config=DeviceConfig(device="cpu"))
+    base = VllmConfig(device_config=DeviceConfig(device=DEVICE.type))
     with set_current_vllm_config(base):
         init_distributed_environment(1, 0, f"tcp://127.0.0.1:{_free_port()}", 0, backend="gloo")
         initialize_model_parallel(1, 1)
@@ -156,7 +163,7 @@ def _vllm_config(model_dir, *, block_size: int, cache_dtype: str) -> VllmConfig:
     return VllmConfig(
         model_config=model,
         cache_config=CacheConfig(block_size=block_size, cache_dtype=cache_dtype),
-        device_config=DeviceConfig(device="cpu"),
+        device_config=DeviceConfig(device=DEVICE.type),
         attention_config=AttentionConfig(backend="CUSTOM"),
     )
 
@@ -179,7 +186,8 @@ class Rig:
         self.config = _vllm_config(model_dir, block_size=block_size, cache_dtype=cache_dtype)
         self.block_size = block_size
         self.fp8 = cache_dtype.startswith("fp8")
-        with set_current_vllm_config(self.config):
+        # built on the device as vLLM's model loader builds layers (the layer's k_scale lands there too)
+        with set_current_vllm_config(self.config), torch.device(DEVICE):
             kv_b_proj = ReplicatedLinear(DC, HEADS * (DN + DV), bias=False, params_dtype=torch.bfloat16)
             kv_b_proj.weight.data.copy_(self._randn(HEADS * (DN + DV), DC) * DC**-0.5)
             self.layer = MLAAttention(
@@ -202,12 +210,12 @@ class Rig:
             if self.fp8:
                 self.layer._k_scale.fill_(self.kv_scale)
             spec = self.layer.get_kv_cache_spec(self.config)
-            self.builder = backend.MlagenMetadataBuilder(spec, [LAYER], self.config, torch.device("cpu"))
-        weight = kv_b_proj.weight.detach().view(HEADS, DN + DV, DC)
+            self.builder = backend.MlagenMetadataBuilder(spec, [LAYER], self.config, DEVICE)
+        weight = kv_b_proj.weight.detach().cpu().view(HEADS, DN + DV, DC)
         self.w_uk, self.w_uv = weight[:, :DN].double(), weight[:, DN:].double()
         # the cache as vLLM allocates it: [num_blocks, block_size, Dc+Dr], bytes for fp8; unused rows poisoned
         storage = torch.uint8 if self.fp8 else torch.bfloat16
-        self.cache = torch.empty(NUM_BLOCKS, block_size, DC + DR, dtype=storage)
+        self.cache = torch.empty(NUM_BLOCKS, block_size, DC + DR, dtype=storage, device=DEVICE)
         if self.fp8:
             self.cache.fill_(0x7F)  # e4m3's NaN
         else:
@@ -234,12 +242,33 @@ class Rig:
     def step(
         self, requests: list[tuple[int, int, int]], padding: int = 0, graph_requests: int = 0
     ) -> tuple[torch.Tensor, object]:
-        """One forward of the layer: requests (sequence, first position, new tokens), decodes first as
-        vLLM orders them; `padding` extra token rows (slot -1). graph_requests: pad the batch as vLLM pads
-        a batch for a full CUDA graph, to that many requests (the extra ones: no tokens, length 0, block
-        table rows of page 0; the padding rows count as tokens) and build through
-        build_for_cudagraph_capture. Returns the layer's output rows of the real tokens [T, H*Dv] and the
-        metadata."""
+        """One forward of the layer (see `inputs`); returns the output rows of the real tokens [T, H*Dv] (on
+        the CPU) and the metadata."""
+        common, inputs = self.inputs(requests, padding, graph_requests)
+        with set_current_vllm_config(self.config):
+            if graph_requests:
+                metadata = self.builder.build_for_cudagraph_capture(common)
+            else:
+                metadata = self.builder.build(0, common)
+        num_tokens = sum(n for _, _, n in requests)
+        return self.forward(metadata, *inputs)[:num_tokens].cpu(), metadata
+
+    def forward(self, metadata, q, c_kv, k_pe, slot_mapping) -> torch.Tensor:
+        """MLAAttention.forward in vLLM's forward context: the output [rows, H*Dv] on the device."""
+        with (
+            set_current_vllm_config(self.config),
+            set_forward_context({LAYER: metadata}, self.config, slot_mapping={LAYER: slot_mapping}),
+        ):
+            return self.layer(q, c_kv, k_pe.unsqueeze(1), output_shape=(q.shape[0], HEADS * DV))
+
+    def inputs(
+        self, requests: list[tuple[int, int, int]], padding: int = 0, graph_requests: int = 0
+    ) -> tuple[CommonAttentionMetadata, tuple[torch.Tensor, ...]]:
+        """vLLM's CommonAttentionMetadata and the layer's inputs (q, c_kv, k_pe, slot mapping) for requests
+        (sequence, first position, new tokens), decodes first as vLLM orders them; `padding` extra token
+        rows (slot -1). graph_requests: pad the batch as vLLM pads a batch for a full CUDA graph, to that
+        many requests (the extra ones: no tokens, length 0, block table rows of page 0; the padding rows
+        count as tokens), for build_for_cudagraph_capture."""
         lengths = [n for _, _, n in requests]
         num_reqs = max(len(requests), graph_requests)
         starts = torch.tensor([0, *torch.cumsum(torch.tensor(lengths), 0).tolist()], dtype=torch.int32)
@@ -262,26 +291,20 @@ class Rig:
         k_pe = torch.cat([*k_pe, torch.randn(padding, DR, generator=self.generator).to(torch.bfloat16)])
         slot_mapping = torch.tensor(slots + [-1] * padding, dtype=torch.int64)
         counted = num_tokens + padding if graph_requests else num_tokens
+        slot_mapping = slot_mapping.to(DEVICE)
         common = CommonAttentionMetadata(
-            query_start_loc=starts,
-            query_start_loc_cpu=starts.clone(),
-            seq_lens=seq_lens,
+            query_start_loc=starts.to(DEVICE),
+            query_start_loc_cpu=starts,
+            seq_lens=seq_lens.to(DEVICE),
             num_reqs=num_reqs,
             num_actual_tokens=counted,
             max_query_len=max(lengths),
             max_seq_len=int(seq_lens.max()),
-            block_table_tensor=table,
+            block_table_tensor=table.to(DEVICE),
             slot_mapping=slot_mapping[:counted],
-            seq_lens_cpu_upper_bound=seq_lens.clone(),
+            seq_lens_cpu_upper_bound=seq_lens,
         )
-        with set_current_vllm_config(self.config):
-            if graph_requests:
-                metadata = self.builder.build_for_cudagraph_capture(common)
-            else:
-                metadata = self.builder.build(0, common)
-            with set_forward_context({LAYER: metadata}, self.config, slot_mapping={LAYER: slot_mapping}):
-                out = self.layer(q, c_kv, k_pe.unsqueeze(1), output_shape=(num_tokens + padding, HEADS * DV))
-        return out[:num_tokens], metadata
+        return common, (q.to(DEVICE), c_kv.to(DEVICE), k_pe.to(DEVICE), slot_mapping)
 
     def latents_seen(self, index: int, end: int, cached_before: int, from_cache: bool) -> torch.Tensor:
         """The latent rows [c_kv ; k_pe] of positions 0..end-1 of a sequence as the attention reads them: an
@@ -312,6 +335,7 @@ class Rig:
     def check_cache(self, written: dict[int, int]) -> None:
         """Rows written so far (sequence -> positions) hold [c_kv ; k_pe] (fp8: quantised with k_scale), the
         others still hold the poison."""
+        cache = self.cache.cpu()
         expected = torch.zeros(NUM_BLOCKS, self.block_size, dtype=torch.bool)
         for index, count in written.items():
             seq = self.sequences[index]
@@ -320,14 +344,14 @@ class Rig:
                 expected[page, offset] = True
                 row = torch.cat([seq.c_kv[position], seq.k_pe[position]])
                 if self.fp8:
-                    stored = self.cache[page, offset].view(torch.float8_e4m3fn)
+                    stored = cache[page, offset].view(torch.float8_e4m3fn)
                     assert torch.equal(
                         stored.view(torch.uint8),
                         quantize_latent(row, self.kv_scale, torch.float8_e4m3fn).view(torch.uint8),
                     )
                 else:
-                    assert torch.equal(self.cache[page, offset], row)
-        untouched = self.cache[~expected]
+                    assert torch.equal(cache[page, offset], row)
+        untouched = cache[~expected]
         if self.fp8:
             assert bool((untouched == 0x7F).all()), "a cache row outside the slot mapping was written"
         else:
@@ -401,14 +425,16 @@ def test_decode_lse_layout(world, model_dir):
     _, metadata = rig.step(step)
     impl, layer = rig.layer.impl, rig.layer
     q = torch.cat([rig.sequences[0].q[9:11], rig.sequences[1].q[4:6]])
-    q_latent = torch.einsum("thn,hnc->thc", q[..., :DN].float(), layer.W_UK_T.float()).to(torch.bfloat16)
-    q_absorbed = (q_latent, q[..., DN:])
+    w_uk_t = layer.W_UK_T.detach().float().cpu()
+    q_latent = torch.einsum("thn,hnc->thc", q[..., :DN].float(), w_uk_t).to(torch.bfloat16)
+    q_absorbed = (q_latent.to(DEVICE), q[..., DN:].to(DEVICE))
     impl.need_to_return_lse_for_decode = True
     out, lse = impl.forward_mqa(q_absorbed, rig.cache, metadata, layer)
     impl.need_to_return_lse_for_decode = False
     plain, none = impl.forward_mqa(q_absorbed, rig.cache, metadata, layer)
     assert none is None and torch.equal(out, plain)
     assert lse.shape == (4, HEADS) and lse.dtype == torch.float32
+    out, lse = out.cpu(), lse.cpu()
     for row, (index, first, count) in enumerate(step):
         rows = rig.latents_seen(index, first + count, first, from_cache=True)
         keys = rows[None].expand(HEADS, -1, -1).transpose(0, 1)  # [S, H, Dc+Dr]: one latent key for all heads
@@ -416,6 +442,44 @@ def test_decode_lse_layout(world, model_dir):
         ref_out, ref_lse = attention(query, keys, keys[..., :DC], SCALE, causal_mask(count, first + count))
         _check(out[2 * row : 2 * row + 2], ref_out, "decode latent output")
         torch.testing.assert_close(lse[2 * row : 2 * row + 2].double(), ref_lse.T, **LSE_TOLERANCE)
+
+
+@pytest.mark.skipif(DEVICE.type != "cuda", reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8"])
+def test_decode_step_replays_from_cuda_graph(world, model_dir, cache_dtype):
+    """A decode step of the layer (cache write, absorbed decode, W_UV) captured in a CUDA graph on metadata
+    from build_for_cudagraph_capture, padded to 4 requests as vLLM pads it, then replayed on the next two
+    steps' inputs copied into the captured buffers (the schedule and its workspace stay the captured ones):
+    each replay equals float64 MLA and writes exactly its rows."""
+    rig = Rig(model_dir, block_size=64, cache_dtype=cache_dtype, lengths=[70, 40], seed=11)
+    rig.step([(0, 0, 60), (1, 0, 30)])
+    module = rig.builder.module
+    validate = module._VALIDATE_ALWAYS
+    module._VALIDATE_ALWAYS = False  # conftest's MLAGEN_VALIDATE=1 reads index values back: not capturable
+    try:
+        step = [(0, 60, 1), (1, 30, 1)]
+        common, buffers = rig.inputs(step, padding=2, graph_requests=4)
+        with set_current_vllm_config(rig.config):
+            metadata = rig.builder.build_for_cudagraph_capture(common)
+        _check(rig.forward(metadata, *buffers)[:2].cpu(), rig.reference(step, decodes=2), "eager warm-up")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = rig.forward(metadata, *buffers)
+        for position in (61, 62):  # the next steps, in place of the captured inputs
+            step = [(0, position, 1), (1, position - 30, 1)]
+            next_common, next_inputs = rig.inputs(step, padding=2, graph_requests=4)
+            for kept, new in zip(
+                (*buffers, common.seq_lens, common.block_table_tensor),
+                (*next_inputs, next_common.seq_lens, next_common.block_table_tensor),
+                strict=True,
+            ):
+                kept.copy_(new)
+            graph.replay()
+            torch.cuda.synchronize()
+            _check(out[:2].cpu(), rig.reference(step, decodes=2), f"replay at {position}")
+        rig.check_cache({0: 63, 1: 33})
+    finally:
+        module._VALIDATE_ALWAYS = validate
 
 
 def test_decode_schedules_kept(world, model_dir):
@@ -489,6 +553,7 @@ def test_plugin_entry_point_registers(world):
     assert AttentionBackendEnum.CUSTOM.get_class() is backend.MlagenBackend
 
 
+@pytest.mark.skipif(DEVICE.type == "cuda", reason="with a GPU vLLM keeps its Triton")
 def test_triton_placeholder_is_vllms_own(world):
     """vLLM disables its own Triton handle without a GPU; the generated modules' triton is the real one."""
     import triton
