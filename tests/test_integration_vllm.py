@@ -377,14 +377,15 @@ def test_layer_steps_match_reference(world, model_dir, cache_dtype, block_size):
     # a prompt chunk (12 tokens) and a whole short prompt (9 tokens), nothing cached before
     step = [(0, 0, 12), (1, 0, 9)]
     out, metadata = rig.step(step)
-    assert metadata.num_decodes == 0 and metadata.prefix_lens is None
+    assert metadata.num_decodes == 0 and metadata.prefill_groups is None
     _check(out, rig.reference(step, decodes=0), "prefill")
     rig.check_cache({0: 12, 1: 9})
 
     # sequence 1 decodes one token while sequence 0's next chunk (8 tokens) attends to its cached 12
     step = [(1, 9, 1), (0, 12, 8)]
     out, metadata = rig.step(step)
-    assert (metadata.num_decodes, metadata.num_prefills, metadata.num_prefix_tokens) == (1, 1, 12)
+    assert (metadata.num_decodes, metadata.num_prefills) == (1, 1)
+    assert [group.num_prefix_tokens for group in metadata.prefill_groups] == [12]
     _check(out, rig.reference(step, decodes=1), "decode + chunked prefill")
     rig.check_cache({0: 20, 1: 10})
 
@@ -413,6 +414,42 @@ def test_layer_steps_match_reference(world, model_dir, cache_dtype, block_size):
     assert metadata.num_decodes == 4 and metadata.decode.schedule.batch_size == 4
     _check(out, rig.reference(step, decodes=2), "decode padded for a CUDA graph")
     rig.check_cache({0: 25, 1: 15})
+
+
+@pytest.mark.parametrize(
+    ("step", "limit", "groups", "written"),
+    [
+        (
+            [(0, 8, 6), (1, 10, 6), (2, 4, 3), (3, 0, 5)],
+            14,
+            [(0, 1, 0, 6, 8), (1, 4, 6, 20, 14)],
+            {0: 14, 1: 16, 2: 7, 3: 5},
+        ),
+        (
+            [(0, 8, 6), (1, 10, 6), (3, 0, 5)],
+            9,
+            [(0, 1, 0, 6, 8), (1, 2, 6, 12, 10), (2, 3, 12, 17, 0)],
+            {0: 14, 1: 16, 2: 4, 3: 5},
+        ),
+    ],
+    ids=["two-groups", "new-prompt-alone"],
+)
+def test_chunked_prefill_in_groups(world, model_dir, step, limit, groups, written):
+    """Prefill requests after cached contexts run in groups of whole requests whose contexts fit
+    prefix_tokens_per_call (vLLM's prefill workspace in use; a few tokens here), new prompts among them or in
+    a group of their own (then plain prefill): the outputs equal float64 MLA all the same."""
+    rig = Rig(model_dir, block_size=4, cache_dtype="auto", lengths=[14, 16, 7, 5], seed=13)
+    rig.step([(0, 0, 8), (1, 0, 10), (2, 0, 4)])
+    rig.builder.prefix_tokens_per_call = limit
+    out, metadata = rig.step(step)
+    planned = [(g.first, g.last, g.first_token, g.last_token, g.num_prefix_tokens) for g in metadata.prefill_groups]
+    assert planned == groups
+    for group in metadata.prefill_groups:
+        requests = step[group.first : group.last]
+        assert group.prefix_lens.tolist() == [first for _, first, _ in requests]
+        assert group.cu_seqlens.tolist() == [0, *torch.tensor([n for *_, n in requests]).cumsum(0).tolist()]
+    _check(out, rig.reference(step, decodes=0), "chunked prefill in groups")
+    rig.check_cache(written)
 
 
 def test_decode_lse_layout(world, model_dir):

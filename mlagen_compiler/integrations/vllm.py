@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import pairwise
 from types import ModuleType
 from typing import Any, ClassVar
 
@@ -76,6 +77,7 @@ __all__ = [
     "MlagenMetadata",
     "MlagenMetadataBuilder",
     "MlagenPrefillBackend",
+    "PrefillGroup",
     "check_vllm_version",
     "register",
     "spec_for_layer",
@@ -240,13 +242,27 @@ class MlagenDecodeMetadata(MLACommonDecodeMetadata):
 
 
 @dataclass
+class PrefillGroup:
+    """Consecutive prefill requests whose cached contexts one mla_chunked_prefill call expands: requests
+    first..last-1 of the prefill part, tokens first_token..last_token-1 of it."""
+
+    first: int
+    last: int
+    first_token: int
+    last_token: int
+    max_seqlen: int  # the group's longest query (host)
+    cu_seqlens: torch.Tensor  # [last - first + 1] int32 on the device
+    prefix_lens: torch.Tensor  # [last - first] int32 on the device: cached context per request
+    num_prefix_tokens: int  # their total (host)
+
+
+@dataclass
 class MlagenMetadata(MLACommonMetadata[MlagenDecodeMetadata]):
-    """vLLM's MLA metadata plus what mlagen's kernels take: the module, and for prefill requests with a
-    cached context their context lengths (device) and total (host)."""
+    """vLLM's MLA metadata plus what mlagen's kernels take: the module, and where prefill requests follow a
+    cached context, the groups they run in (None: no context, one mla_prefill call)."""
 
     module: ModuleType | None = None
-    prefix_lens: torch.Tensor | None = None
-    num_prefix_tokens: int = 0
+    prefill_groups: list[PrefillGroup] | None = None
 
     def __post_init__(self) -> None:
         # vLLM's check allows the head sizes of its own kernels (320, 576); the layer's spec decides here
@@ -276,6 +292,9 @@ class MlagenMetadataBuilder(MLACommonMetadataBuilder[MlagenMetadata]):
         self._graph_schedules: dict[tuple[int, int], Any] = {}
         self._eager_schedules: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._capturing = False
+        # the most cached-context tokens one chunked-prefill call expands (whole requests; one longer context
+        # is expanded alone): vLLM's own bound on its MLA prefill workspace, which its memory profile covers
+        self.prefix_tokens_per_call = self.chunked_prefill_workspace_size
 
     def _schedule(self, batch: int, seqlen_q: int) -> Any:
         """The decode schedule of a batch shape: planned once, reused with its workspace (see
@@ -301,6 +320,9 @@ class MlagenMetadataBuilder(MLACommonMetadataBuilder[MlagenMetadata]):
             return super().build_for_cudagraph_capture(common_attn_metadata)
         finally:
             self._capturing = False
+        # the most cached-context tokens one chunked-prefill call expands (whole requests; one longer context
+        # is expanded alone): vLLM's own bound on its MLA prefill workspace, which its memory profile covers
+        self.prefix_tokens_per_call = self.chunked_prefill_workspace_size
 
     def _build_decode(
         self,
@@ -326,16 +348,49 @@ class MlagenMetadataBuilder(MLACommonMetadataBuilder[MlagenMetadata]):
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
         metadata.module = self.module
         if metadata.prefill is not None:
-            # context lengths of the prefill requests, from host values (no device synchronisation); exact
-            # for prefill rows (vLLM's upper bound is loose only for speculative decode rows)
-            common = common_attn_metadata
-            first, last = metadata.num_decodes, common.num_reqs
-            starts = common.query_start_loc_cpu
-            context = common.seq_lens_cpu_upper_bound[first:last] - (starts[first + 1 : last + 1] - starts[first:last])
-            if int(context.max()) > 0:
-                metadata.prefix_lens = context.to(torch.int32).to(self.device, non_blocking=True)
-                metadata.num_prefix_tokens = int(context.sum())
+            metadata.prefill_groups = self._prefill_groups(metadata.num_decodes, common_attn_metadata)
         return metadata
+
+    def _prefill_groups(self, num_decodes: int, common: Any) -> list[PrefillGroup] | None:
+        """The prefill requests in groups of at most prefix_tokens_per_call cached-context tokens, from host
+        values (no device synchronisation; vLLM's upper bound on sequence lengths is exact for prefill rows).
+        None where no prefill request has a cached context."""
+        num_reqs = common.num_reqs
+        starts = common.query_start_loc_cpu[num_decodes : num_reqs + 1].long()
+        starts = starts - starts[0]
+        query_lens = starts[1:] - starts[:-1]
+        context = common.seq_lens_cpu_upper_bound[num_decodes:num_reqs].long() - query_lens
+        if int(context.max()) <= 0:
+            return None
+        bounds, total = [0], 0
+        for index, length in enumerate(context.tolist()):
+            if total and total + length > self.prefix_tokens_per_call:
+                bounds.append(index)
+                total = 0
+            total += length
+        bounds.append(len(query_lens))
+        # every group's cu_seqlens and context lengths in one host-to-device copy
+        pieces = []
+        for first, last in pairwise(bounds):
+            pieces += [starts[first : last + 1] - starts[first], context[first:last]]
+        device_values = torch.cat(pieces).to(torch.int32).to(self.device, non_blocking=True)
+        groups, offset = [], 0
+        for first, last in pairwise(bounds):
+            count = last - first
+            groups.append(
+                PrefillGroup(
+                    first=first,
+                    last=last,
+                    first_token=int(starts[first]),
+                    last_token=int(starts[last]),
+                    max_seqlen=int(query_lens[first:last].max()),
+                    cu_seqlens=device_values[offset : offset + count + 1],
+                    prefix_lens=device_values[offset + count + 1 : offset + 2 * count + 1],
+                    num_prefix_tokens=int(context[first:last].sum()),
+                )
+            )
+            offset += 2 * count + 1
+        return groups
 
 
 class MlagenImpl(MLACommonImpl[MlagenMetadata]):
@@ -517,27 +572,35 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         k_nope, v = kv_nope.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
         k_pe = k_pe.reshape(num_tokens, self.qk_rope_head_dim)
         out = output.view(num_tokens, self.num_heads, self.v_head_dim)
-        cu_seqlens, max_seqlen = prefill.query_start_loc, prefill.max_query_len
-        if attn_metadata.prefix_lens is None:
-            module.mla_prefill(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, out=out)
+        if attn_metadata.prefill_groups is None:
+            module.mla_prefill(q, k_nope, k_pe, v, prefill.query_start_loc, prefill.max_query_len, out=out)
             return
         w_uk, w_uv = self._up_projections()
-        module.mla_chunked_prefill(
-            q,
-            k_nope,
-            k_pe,
-            v,
-            cu_seqlens,
-            max_seqlen,
-            self._paged(kv_c_and_k_pe_cache),
-            prefill.block_table,
-            attn_metadata.prefix_lens,
-            w_uk,
-            w_uv,
-            kv_scale=self._kv_scale(k_scale),
-            out=out,
-            num_prefix_tokens=attn_metadata.num_prefix_tokens,
-        )
+        cache = self._paged(kv_c_and_k_pe_cache)
+        for group in attn_metadata.prefill_groups:
+            tokens = slice(group.first_token, group.last_token)
+            if group.num_prefix_tokens == 0:  # new prompts only
+                module.mla_prefill(
+                    q[tokens], k_nope[tokens], k_pe[tokens], v[tokens], group.cu_seqlens, group.max_seqlen,
+                    out=out[tokens],
+                )  # fmt: skip
+                continue
+            module.mla_chunked_prefill(
+                q[tokens],
+                k_nope[tokens],
+                k_pe[tokens],
+                v[tokens],
+                group.cu_seqlens,
+                group.max_seqlen,
+                cache,
+                prefill.block_table[group.first : group.last],
+                group.prefix_lens,
+                w_uk,
+                w_uv,
+                kv_scale=self._kv_scale(k_scale),
+                out=out[tokens],
+                num_prefix_tokens=group.num_prefix_tokens,
+            )
 
 
 class MlagenPrefillBackend(MLAPrefillBackend):
