@@ -577,10 +577,15 @@ def test_backend_declarations(world):
 def test_plugin_entry_point_registers(world):
     """vLLM's own plugin loader finds mlagen's entry point (the installed package's metadata) and its
     register() makes MlagenBackend the CUSTOM backend."""
-    from importlib.metadata import entry_points
+    from importlib.metadata import PackageNotFoundError, distribution, entry_points
 
     from vllm.plugins import load_plugins_by_group
     from vllm.v1.attention.backends.registry import _ATTN_OVERRIDES, AttentionBackendEnum
+
+    try:
+        distribution("mlagen")
+    except PackageNotFoundError:
+        pytest.skip("mlagen is not installed as a package here (its entry points live in the package's metadata)")
 
     (point,) = [e for e in entry_points(group="vllm.general_plugins") if e.name == "mlagen"]
     assert point.value == "mlagen_compiler.integrations.vllm:register"
