@@ -237,7 +237,7 @@ class Rig:
         self.max_pages = max(len(s.pages) for s in self.sequences)
 
     def _randn(self, *shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=self.generator)
+        return torch.randn(*shape, generator=self.generator, device="cpu")  # data on the CPU, moved when used
 
     def step(
         self, requests: list[tuple[int, int, int]], padding: int = 0, graph_requests: int = 0
@@ -286,9 +286,9 @@ class Rig:
             c_kv.append(seq.c_kv[first : first + count])
             k_pe.append(seq.k_pe[first : first + count])
         num_tokens = len(slots)
-        q = torch.cat([*q, torch.randn(padding, HEADS, DN + DR, generator=self.generator).to(torch.bfloat16)])
-        c_kv = torch.cat([*c_kv, torch.randn(padding, DC, generator=self.generator).to(torch.bfloat16)])
-        k_pe = torch.cat([*k_pe, torch.randn(padding, DR, generator=self.generator).to(torch.bfloat16)])
+        q = torch.cat([*q, self._randn(padding, HEADS, DN + DR).to(torch.bfloat16)])
+        c_kv = torch.cat([*c_kv, self._randn(padding, DC).to(torch.bfloat16)])
+        k_pe = torch.cat([*k_pe, self._randn(padding, DR).to(torch.bfloat16)])
         slot_mapping = torch.tensor(slots + [-1] * padding, dtype=torch.int64)
         counted = num_tokens + padding if graph_requests else num_tokens
         slot_mapping = slot_mapping.to(DEVICE)
