@@ -528,17 +528,19 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         num_tokens, num_heads, width = q.shape
         batch = attn_metadata.num_decodes
         seqlen_q = num_tokens // batch
-        out, lse = module.mla_decode(
+        want_lse = self.need_to_return_lse_for_decode  # (else the kernels store it in the schedule's scratch)
+        result = module.mla_decode(
             q.reshape(batch, seqlen_q, num_heads, width),
             self._paged(kv_c_and_k_pe_cache),
             decode.block_table,
             decode.seq_lens,
             kv_scale=self._kv_scale(layer._k_scale),
-            return_lse=True,
+            return_lse=want_lse,
             schedule=decode.schedule,
         )
+        out, lse = result if want_lse else (result, None)
         out = out.view(num_tokens, num_heads, self.kv_lora_rank)
-        if not self.need_to_return_lse_for_decode:
+        if lse is None:
             return out, None
         return out, lse.transpose(1, 2).reshape(num_tokens, num_heads)  # [tokens, H], as vLLM's backends return
 
