@@ -19,8 +19,9 @@ capture and replay), its platform's choice of backend by name, `vllm._C` (absent
 import), and timing. vLLM cannot know a compute capability without a GPU either: its MLA prefill selector then
 imports FlashAttention unconditionally, so without a GPU the tests state Hopper's (9.0) on the platform object.
 And its MLA metadata builder puts the chunked-context bookkeeping in pinned host memory, which needs a CUDA
-driver: without a GPU the tests give that module a torch whose empty / zeros leave out pin_memory (nothing else
-changes).
+driver: without a GPU the tests give that module a torch whose empty / zeros leave out pin_memory. That torch
+also NaN-fills the floating-point tensors the module allocates with `empty` (the layer's output among them),
+on every device, so an output row the backend leaves unwritten fails.
 """
 
 from __future__ import annotations
@@ -116,37 +117,36 @@ def hopper_platform():
         platform.get_device_capability = original
 
 
-class _UnpinnedTorch(types.ModuleType):
-    """torch, with empty / zeros ignoring pin_memory (pinning host memory needs a CUDA driver)."""
+class _PoisoningTorch(types.ModuleType):
+    """torch for vLLM's MLA layer module: floating-point tensors from `empty` (the layer's output buffer among
+    them) come NaN-filled, so a row the backend leaves unwritten fails the comparison; without a GPU, empty /
+    zeros leave out pin_memory (pinning host memory needs a CUDA driver)."""
 
     def __getattr__(self, name: str):
         return getattr(torch, name)
 
     @staticmethod
     def empty(*args, pin_memory: bool = False, **kwargs) -> torch.Tensor:
-        return torch.empty(*args, **kwargs)
+        tensor = torch.empty(*args, pin_memory=pin_memory and DEVICE.type == "cuda", **kwargs)
+        return tensor.fill_(float("nan")) if tensor.is_floating_point() else tensor
 
     @staticmethod
     def zeros(*args, pin_memory: bool = False, **kwargs) -> torch.Tensor:
-        return torch.zeros(*args, **kwargs)
+        return torch.zeros(*args, pin_memory=pin_memory and DEVICE.type == "cuda", **kwargs)
 
 
 @pytest.fixture(scope="module")
-def unpinned_host_memory():
-    """Without a GPU, vLLM's MLA metadata code without pinned host memory (see the module doc)."""
+def poisoned_layer_buffers():
+    """vLLM's MLA layer module allocating through _PoisoningTorch (see the module doc)."""
     from vllm.model_executor.layers.attention import mla_attention
 
-    if DEVICE.type == "cuda":
-        yield
-        return
-
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(mla_attention, "torch", _UnpinnedTorch("torch"))
+        patch.setattr(mla_attention, "torch", _PoisoningTorch("torch"))
         yield
 
 
 @pytest.fixture(scope="module")
-def world(hopper_platform, unpinned_host_memory):
+def world(hopper_platform, poisoned_layer_buffers):
     """vLLM's process groups for one process (tensor, data, pipeline and context parallel size 1)."""
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
 
