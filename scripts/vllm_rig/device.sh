@@ -29,6 +29,9 @@ rig=/tmp/vllm-rig
 out=${OUT:-$repo/out}
 mkdir -p "$out" "$rig/parts"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+# the sampler's FlashInfer top-k / top-p kernels: flashinfer is not carried (seen on the H200: every engine stopped
+# at Sampler() with "No module named 'flashinfer'"); vLLM's native sampler needs nothing more
+export VLLM_USE_FLASHINFER_SAMPLER=0
 export PYTHONPATH=$rig/site:$repo${PYTHONPATH:+:$PYTHONPATH}
 
 manifest_sha() { # manifest_sha NAME -> the sha256 MANIFEST gives for part NAME
