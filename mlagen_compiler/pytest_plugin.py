@@ -89,9 +89,13 @@ def _targets(config: pytest.Config) -> list[Target]:
 def pytest_configure(config: pytest.Config) -> None:
     if not (config.getoption("mlagen_spec") or config.getoption("mlagen_module")):
         return
-    from hypothesis import settings
+    try:
+        from hypothesis import settings
 
-    from .testing import load_hypothesis_profile, prepare_environment
+        from .testing import load_hypothesis_profile, prepare_environment
+    except ImportError as error:
+        needs = f"--mlagen-spec / --mlagen-module need {error.name}: pip install 'mlagen[test]'"
+        raise pytest.UsageError(needs) from error
 
     examples = config.getoption("mlagen_examples")
     if examples is not None and examples < 1:

@@ -74,6 +74,7 @@ __all__ = [
     "prefill_inputs",
     "prepare_environment",
     "register_hypothesis_profiles",
+    "reproduce",
     "reproducer",
 ]
 
@@ -144,7 +145,7 @@ def _interpreting() -> bool:
 def reproducer(target: str | Path, problem: Any, **kwargs: Any) -> str:
     """One shell line that runs `problem` against module `target` again (see `reproduce`)."""
     arguments = ", ".join([repr(str(target)), repr(problem)] + [f"{k}={v!r}" for k, v in kwargs.items()])
-    code = f"from mlagen_compiler.testing import *; reproduce({arguments})"
+    code = f"from mlagen_compiler.testing import {type(problem).__name__}, reproduce; reproduce({arguments})"
     env = "TRITON_INTERPRET=1 " if _interpreting() else ""
     return f"{env}python -c {shlex.quote(code)}"
 
@@ -203,6 +204,9 @@ class DecodeProblem:
     nan_unused: bool = True
     config: tuple[int, ...] | None = None
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "seqlens", tuple(self.seqlens))
 
     def inputs(self, module: ModuleType, device: torch.device) -> dict[str, Any]:
         """mla_decode's tensor arguments (with kv_scale for an fp8 cache), drawn from the seed."""
