@@ -22,8 +22,10 @@ import pytest
 
 #: the collected test file
 PROPERTIES_FILE = Path(__file__).with_name("pytest_properties.py")
-#: the profile --mlagen-examples registers (the chosen profile with its max_examples replaced)
-EXAMPLES_PROFILE = "mlagen-examples"
+#: the profile the plugin runs: the chosen one without Hypothesis's explain phase (which reruns a failing
+#: case dozens of times under coverage tracing: minutes at the interpreter's speed), and with
+#: --mlagen-examples its max_examples replaced
+PLUGIN_PROFILE = "mlagen-plugin"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +88,14 @@ def _targets(config: pytest.Config) -> list[Target]:
     return targets
 
 
+@pytest.hookimpl(trylast=True)  # after Hypothesis's plugin loads a --hypothesis-profile
 def pytest_configure(config: pytest.Config) -> None:
     if not (config.getoption("mlagen_spec") or config.getoption("mlagen_module")):
+        if config.getoption("mlagen_examples") is not None:
+            raise pytest.UsageError("--mlagen-examples: give the modules to test with --mlagen-spec or --mlagen-module")
         return
     try:
-        from hypothesis import settings
+        from hypothesis import Phase, settings
 
         from .testing import load_hypothesis_profile, prepare_environment
     except ImportError as error:
@@ -110,9 +115,10 @@ def pytest_configure(config: pytest.Config) -> None:
             load_hypothesis_profile()
         except ValueError as error:
             raise pytest.UsageError(str(error)) from error
-    if examples is not None:
-        settings.register_profile(EXAMPLES_PROFILE, parent=settings.default, max_examples=examples)
-        settings.load_profile(EXAMPLES_PROFILE)
+    phases = tuple(phase for phase in settings.default.phases if phase is not Phase.explain)
+    budget = {} if examples is None else {"max_examples": examples}
+    settings.register_profile(PLUGIN_PROFILE, parent=settings.default, phases=phases, **budget)
+    settings.load_profile(PLUGIN_PROFILE)
     config.stash[TARGETS] = _targets(config)
     if config.args_source == pytest.Config.ArgsSource.ARGS:
         config.args.append(str(PROPERTIES_FILE))

@@ -163,6 +163,7 @@ def _spec_dtype(module: ModuleType) -> str:
 
 
 def _assert_close(got, got_lse, want, want_lse, module: ModuleType) -> None:
+    __tracebackhide__ = True  # pytest reports the failing test's line and the message, not these tensors
     assert not got.isnan().any(), "unwritten or NaN output elements"
     _, _, message = compare_with_lse(got, got_lse, want, want_lse, _spec_dtype(module))
     assert not message, message
@@ -274,6 +275,7 @@ def assert_decode_matches_reference(
     calls: later calls reuse the schedule's workspace (whose merge counters must be back at 0);
     cache_view: a function of the cache returning the cache the call reads (the same values).
     """
+    __tracebackhide__ = True
     device = device or default_device()
     inputs = problem.inputs(module, device)
     if cache_view is not None:
@@ -360,6 +362,7 @@ def assert_prefill_matches_reference(
     module: ModuleType, problem: PrefillProblem, *, device: torch.device | None = None
 ) -> None:
     """mla_prefill == reference.prefill_varlen (causal MHA form), outputs and LSEs."""
+    __tracebackhide__ = True
     device = device or default_device()
     lengths = problem.lengths
     g = torch.Generator().manual_seed(problem.seed)
@@ -431,6 +434,7 @@ def assert_chunked_prefill_matches_reference(
 ) -> None:
     """mla_chunked_prefill == reference.chunked_prefill (full causal attention over the dequantised prefix,
     expanded in the spec dtype, and the new tokens), outputs and LSEs."""
+    __tracebackhide__ = True
     device = device or default_device()
     lengths, prefix_lens = problem.lengths, problem.prefix_lens
     g = torch.Generator().manual_seed(problem.seed)
@@ -495,6 +499,7 @@ def assert_merge_matches_reference(
     module: ModuleType, problem: MergeProblem, *, device: torch.device | None = None
 ) -> None:
     """Attention over keys A and over keys B, merged by merge_attn_states, == attention over A + B."""
+    __tracebackhide__ = True
     from .reference import attention
 
     device = device or default_device()
@@ -558,6 +563,7 @@ def assert_cache_write_matches_reference(
 ) -> None:
     """mla_cache_write == reference.cache_write bit for bit: rows at their slots, padding skipped, every other
     row unchanged; an fp8 cache holds torch's conversion of the float32 quotient, saturated at +-448."""
+    __tracebackhide__ = True
     device = device or default_device()
     dc, dr, page_size, num_tokens = module.KV_LORA_RANK, module.QK_ROPE_HEAD_DIM, module.PAGE_SIZE, problem.num_tokens
     g = torch.Generator().manual_seed(problem.seed)
