@@ -831,9 +831,8 @@ class KernelKind:
     """One kind of kernel a generated module can hold, and what each pipeline stage needs of it.
 
     Adding a kind is one entry in KERNEL_KINDS plus its files: a plan class with `template_tables` and its
-    `lower_*` here, `templates/<template>`, its reference in reference.py, its cases in verify.py, its
-    strategy and check in testing.py with a property in pytest_properties.py (and, if it has tile knobs,
-    tuner buckets). The stages iterate this table; none names a kind itself.
+    `lower_*` here, `templates/<template>`, its reference in reference.py and its cases in verify.py (and,
+    if it has tile knobs, tuner buckets). The stages iterate this table; none names a kind itself.
     """
 
     name: str
