@@ -1,34 +1,22 @@
 """Shared test set-up: interpreter on CPU-only machines, poisoned workspaces, Hypothesis profiles.
 
-Profiles (choose with MLAGEN_HYPOTHESIS_PROFILE): `ci` is derandomized so CI is repeatable, `dev`
-(default) is small and random, `fuzz` runs many examples for a long hunt. A failing example prints the
-seed it drew; that seed feeds a torch.Generator, so the failure replays.
+Both come from `mlagen_compiler.testing` (the pytest plugin uses them too): `prepare_environment` selects
+Triton's interpreter without a GPU, NaN-fills workspaces and validates index values; profiles (choose
+with MLAGEN_HYPOTHESIS_PROFILE): `ci` is derandomized so CI is repeatable, `dev` (default) is small and
+random, `fuzz` runs many examples for a long hunt. A failing example prints the seed it drew; that seed
+feeds a torch.Generator, so the failure replays.
 """
 
 from __future__ import annotations
 
-import os
-
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-os.environ["MLAGEN_POISON_WORKSPACE"] = "1"
-# every index value checked against what it indexes, on the GPU too (on the CPU it is the default)
-os.environ["MLAGEN_VALIDATE"] = "1"
+from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict
+from mlagen_compiler.testing import load_hypothesis_profile, prepare_environment
 
-import pytest  # noqa: E402
-from hypothesis import HealthCheck, settings  # noqa: E402
-
-from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
-
-_common = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large]}
-settings.register_profile("ci", max_examples=50, derandomize=True, print_blob=True, **_common)
-settings.register_profile("dev", max_examples=12, **_common)
-settings.register_profile("fuzz", max_examples=2000, **_common)
-settings.load_profile(os.environ.get("MLAGEN_HYPOTHESIS_PROFILE", "dev"))
-
-DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")
+DEVICE = prepare_environment()
+load_hypothesis_profile()
 
 
 def pytest_report_header(config):

@@ -11,6 +11,7 @@ from hypothesis import given, note
 from hypothesis import strategies as st
 
 from mlagen_compiler.reference import FP8_E4M3_MAX, cache_write
+from mlagen_compiler.testing import assert_cache_write_matches_reference, cache_write_inputs
 from mlagen_compiler.verify import same_bits
 
 GEOMETRIES = [(512, 64), (256, 64), (256, 32), (64, 16), (96, 48)]  # (Dc, Dr)
@@ -20,32 +21,14 @@ GEOMETRIES = [(512, 64), (256, 64), (256, 32), (64, 16), (96, 48)]  # (Dc, Dr)
     geometry=st.sampled_from(GEOMETRIES),
     page_size=st.sampled_from([1, 2, 16, 64]),
     dtype=st.sampled_from(["bfloat16", "float16"]),
-    # fp8: the scale is the calibrated one (largest value -> 448) times a factor; below 1 the largest saturate
     cache_dtype=st.sampled_from([None, "float8_e4m3fn"]),
-    scale_factor=st.floats(0.25, 2.0),
-    scale_form=st.sampled_from(["number", "0-d tensor", "1-element tensor"]),
-    num_tokens=st.one_of(st.integers(0, 40), st.sampled_from([15, 16, 17, 33])),
-    slot_dtype=st.sampled_from([torch.int32, torch.int64]),
-    padding=st.floats(0.0, 0.5),
     # every module emits the cache write, whichever kernels the spec asks for
     kernels=st.sampled_from([["decode"], ["prefill"], ["decode", "prefill"]]),
-    seed=st.integers(0, 2**32 - 1),
+    data=st.data(),
 )
-def test_cache_write_matches_reference(
-    build_module,
-    device,
-    geometry,
-    page_size,
-    dtype,
-    cache_dtype,
-    scale_factor,
-    scale_form,
-    num_tokens,
-    slot_dtype,
-    padding,
-    kernels,
-    seed,
-):
+def test_cache_write_matches_reference(build_module, device, geometry, page_size, dtype, cache_dtype, kernels, data):
+    """Tokens (some padding) into shuffled pages; an fp8 cache's scale the calibrated one times a factor
+    (below 1 the largest values saturate), as a number, a 0-d or a one-element tensor."""
     dc, dr = geometry
     module = build_module(
         name="cache-write",
@@ -59,30 +42,9 @@ def test_cache_write_matches_reference(
         cache_dtype=cache_dtype,
         kernels=kernels,
     )
-    note(f"dc={dc} dr={dr} page_size={page_size} tokens={num_tokens} padding={padding} {kernels} seed={seed}")
-    g = torch.Generator().manual_seed(seed)
-    num_pages = -(-(num_tokens + 3) // page_size) + 2
-    cache = torch.randn(num_pages, page_size, 1, dc + dr, generator=g).to(module.CACHE_DTYPE)
-    # distinct slots scattered over shuffled pages; some tokens are padding (slot -1)
-    slots = torch.randperm(num_pages * page_size, generator=g)[:num_tokens]
-    slots[torch.rand(num_tokens, generator=g) < padding] = -1
-    c_kv = torch.randn(num_tokens, dc, generator=g).to(module.DTYPE)
-    k_pe = torch.randn(num_tokens, dr, generator=g).to(module.DTYPE)
-    kv_scale = None
-    if module.CACHE_SCALED:
-        amax = max(float(c_kv.abs().max()), float(k_pe.abs().max())) if num_tokens else 1.0
-        kv_scale = torch.tensor([amax / FP8_E4M3_MAX * scale_factor], dtype=torch.float32)
-        note(f"kv_scale={float(kv_scale)!r} ({scale_form})")
-    want = cache_write(cache, c_kv, k_pe, slots, kv_scale)
-    if kv_scale is not None:
-        kv_scale = {"number": float(kv_scale), "0-d tensor": kv_scale[0], "1-element tensor": kv_scale}[scale_form]
-        kv_scale = kv_scale.to(device) if isinstance(kv_scale, torch.Tensor) else kv_scale
-    got = cache.to(device)
-    returned = module.mla_cache_write(
-        c_kv.to(device), k_pe.to(device), got, slots.to(slot_dtype).to(device), kv_scale=kv_scale
-    )
-    assert returned.data_ptr() == got.data_ptr()
-    assert same_bits(got, want)
+    problem = data.draw(cache_write_inputs(module), label="problem")
+    note(problem.describe(module))
+    assert_cache_write_matches_reference(module, problem, device=device)
 
 
 def test_cache_write_reads_strided_rows(build_module, device):

@@ -7,6 +7,7 @@ dequantised fp8 cache, so both are held to the same tolerances (see test_fp8.py 
 unquantised latent).
 """
 
+import dataclasses
 from unittest.mock import patch
 
 import pytest
@@ -18,13 +19,8 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from mlagen_compiler.plan import lower_gluon_decode
-from mlagen_compiler.verify import (
-    compare,
-    compare_with_lse,
-    decode_reference,
-    make_decode_inputs,
-    poison_unused_cache,
-)
+from mlagen_compiler.testing import DecodeProblem, assert_decode_matches_reference, decode_inputs
+from mlagen_compiler.verify import compare, decode_reference, make_decode_inputs
 
 BACKENDS = ["triton", "gluon"]
 
@@ -57,48 +53,21 @@ def require_backend(build_module, device, backend):
 
 
 @st.composite
-def decode_problems(draw, geometries=tuple(GEOMETRIES), cache_dtypes=tuple(CACHE_DTYPES)):
+def decode_geometries(draw, geometries=tuple(GEOMETRIES), cache_dtypes=tuple(CACHE_DTYPES)):
+    """The spec fields of a module for module_for: geometry, page size, dtype and cache dtype."""
     heads, dc, dr = draw(st.sampled_from(geometries))
-    page_size = draw(st.sampled_from(PAGE_SIZES))
-    dtype = draw(st.sampled_from(["bfloat16", "float16"]))
-    cache_dtype = draw(st.sampled_from(cache_dtypes))
-    seqlen_q = draw(st.integers(1, 4))
-    p = page_size
-    length = st.one_of(
-        st.sampled_from(sorted({1, max(1, p - 1), p, p + 1, 2 * p - 1, 2 * p + 1, 3 * p})),
-        st.integers(1, 70),
-        st.just(0),  # an empty-but-valid sequence: output 0, lse -inf
-    )
-    seqlens = draw(st.lists(length, min_size=1, max_size=4))
-    num_parts = draw(st.one_of(st.none(), st.integers(1, 9)))
-    # default (plan's cost rule) or forced small runs, so that splits and the merges are exercised
-    min_blocks = draw(st.sampled_from([None, 1, 2]))
-    # split sequences merged by their own runs (one launch) or by the combine kernel
-    merge = draw(st.sampled_from(["fused", "kernel"]))
-    # whole-page cache blocks through TMA descriptors, or every block gathered through the page table
-    tma = draw(st.booleans())
-    # unused cache slots (page tails, unused pages) hold NaN, as uninitialised memory may
-    nan_unused = draw(st.booleans())
-    seed = draw(st.integers(0, 2**32 - 1))
     return dict(
         heads=heads,
         dc=dc,
         dr=dr,
-        page_size=page_size,
-        dtype=dtype,
-        cache_dtype=cache_dtype,
-        seqlen_q=seqlen_q,
-        seqlens=seqlens,
-        num_parts=num_parts,
-        min_blocks=min_blocks,
-        merge=merge,
-        tma=tma,
-        nan_unused=nan_unused,
-        seed=seed,
+        page_size=draw(st.sampled_from(PAGE_SIZES)),
+        dtype=draw(st.sampled_from(["bfloat16", "float16"])),
+        cache_dtype=draw(st.sampled_from(cache_dtypes)),
     )
 
 
 def module_for(build_module, problem):
+    """The module of a problem dict's geometry fields (see decode_geometries)."""
     return build_module(
         name="prop",
         num_heads=problem["heads"],
@@ -112,43 +81,14 @@ def module_for(build_module, problem):
     )
 
 
-def check_decode(module, device, problem, backend, calls=1, cache_view=None):
-    """cache_view: None, or a function of the cache returning the cache the call reads (same values)."""
-    g = torch.Generator().manual_seed(problem["seed"])
-    inputs = make_decode_inputs(module, problem["seqlens"], problem["seqlen_q"], g, device)
-    if problem.get("nan_unused"):
-        poison_unused_cache(inputs)
-    if cache_view is not None:
-        inputs["kv_cache"] = cache_view(inputs["kv_cache"])
-    batch, seqlen_q = len(problem["seqlens"]), problem["seqlen_q"]
-    schedule = module.get_decode_schedule(
-        batch,
-        seqlen_q,
-        device,
-        num_parts=problem["num_parts"],
-        min_blocks_per_part=problem["min_blocks"],
-        backend=backend,
-        merge=problem.get("merge", "fused"),
-        config=problem.get("config"),
-    )
-    assert schedule.backend == backend, schedule.backend_reason
-    want, want_lse = decode_reference(module, inputs)
-    for _ in range(calls):  # later calls reuse the schedule's workspace
-        out = torch.full(
-            (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK),
-            float("nan"),
-            dtype=module.DTYPE,
-            device=device,
-        )
-        lse = torch.full((batch, module.NUM_HEADS, seqlen_q), float("nan"), device=device)
-        with patch.object(module, "DECODE_USE_TMA", problem["tma"]):
-            got, got_lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
-        assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
-        assert not got.isnan().any(), "unwritten or NaN output elements"
-        _, _, message = compare_with_lse(got, got_lse, want, want_lse, problem["dtype"])
-        assert not message, message
-        # the fused merge's arrival counters are back at 0 for the next call
-        assert not schedule.workspace(device)[2].any()
+#: the fields of a problem dict that are the call's (the others name its module, see module_for)
+CALL_FIELDS = {field.name for field in dataclasses.fields(DecodeProblem)}
+
+
+def check_decode(module, device, problem, backend, **kwargs):
+    """assert_decode_matches_reference on a problem dict that may also name its module's geometry."""
+    call = DecodeProblem(**{name: value for name, value in problem.items() if name in CALL_FIELDS})
+    assert_decode_matches_reference(module, call, backend=backend, device=device, **kwargs)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -156,9 +96,11 @@ def check_decode(module, device, problem, backend, calls=1, cache_view=None):
 def test_decode_matches_reference(build_module, device, backend, data):
     require_backend(build_module, device, backend)
     gluon = backend == "gluon"
-    problem = data.draw(decode_problems(tuple(GLUON_GEOMETRIES if gluon else GEOMETRIES), tuple(CACHE_DTYPES)))
-    note(repr(problem))
-    check_decode(module_for(build_module, problem), device, problem, backend)
+    geometry = data.draw(decode_geometries(tuple(GLUON_GEOMETRIES if gluon else GEOMETRIES)), label="geometry")
+    module = module_for(build_module, geometry)
+    problem = data.draw(decode_inputs(module), label="problem")
+    note(problem.describe(module))
+    assert_decode_matches_reference(module, problem, backend=backend, device=device)
 
 
 @pytest.mark.parametrize("cache_dtype", CACHE_DTYPES)

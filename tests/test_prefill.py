@@ -2,10 +2,10 @@
 
 Runs in Triton's interpreter without a GPU and unchanged on one. Outputs are poisoned (NaN) before each
 call and workspaces are NaN-filled (MLAGEN_POISON_WORKSPACE, conftest), so unwritten elements fail.
-Lengths are drawn around the tile sizes the module uses on this device (block boundaries +-1).
+Lengths are drawn around the tile sizes the module uses on this device (block boundaries +-1), by the
+strategies of mlagen_compiler.testing (which the pytest plugin runs on users' modules); these tests draw
+the modules' geometries.
 """
-
-from unittest.mock import patch
 
 import pytest
 import torch
@@ -17,13 +17,20 @@ from mlagen_compiler.reference import (
     attention,
     causal_mask,
     chunked_prefill,
-    dequantize_cache,
     mla_decompressed,
     prefill_varlen,
     project,
     random_weights,
 )
-from mlagen_compiler.verify import compare, compare_with_lse, cu_seqlens, paged_block_table, random_cache, random_mha
+from mlagen_compiler.testing import (
+    assert_chunked_prefill_matches_reference,
+    assert_merge_matches_reference,
+    assert_prefill_matches_reference,
+    chunked_prefill_inputs,
+    merge_inputs,
+    prefill_inputs,
+)
+from mlagen_compiler.verify import compare, cu_seqlens, random_mha
 
 GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like, odd widths (padded)
     (2, 128, 64, 128, 512),
@@ -32,8 +39,7 @@ GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like,
     (1, 48, 16, 80, 64),
     (5, 16, 16, 16, 64),
 ]
-#: (block_m, block_n) pairs tried besides the module's own choice, so both loop shapes are covered
-EXTRA_TILES = [(32, 16), (16, 32)]
+DTYPES = ["bfloat16", "float16"]
 
 
 def module_for(build_module, geometry, dtype, page_size=16, cache_dtype=None):
@@ -52,136 +58,36 @@ def module_for(build_module, geometry, dtype, page_size=16, cache_dtype=None):
     )
 
 
-def tile_lengths(block_m, block_n):
-    edges = {1, 2, block_n - 1, block_n, block_n + 1, block_m - 1, block_m + 1, 2 * block_m + 1}
-    return st.one_of(st.sampled_from(sorted(e for e in edges if e >= 1)), st.integers(1, 40))
+@given(data=st.data())
+def test_prefill_matches_reference(build_module, device, data):
+    geometry = data.draw(st.sampled_from(GEOMETRIES), label="geometry")
+    module = module_for(build_module, geometry, data.draw(st.sampled_from(DTYPES), label="dtype"))
+    problem = data.draw(prefill_inputs(module, device=device), label="problem")
+    note(problem.describe(module))
+    assert_prefill_matches_reference(module, problem, device=device)
 
 
-def poisoned(module, num_tokens, device):
-    out = torch.full((num_tokens, module.NUM_HEADS, module.V_HEAD_DIM), float("nan"), dtype=module.DTYPE, device=device)
-    lse = torch.full((module.NUM_HEADS, num_tokens), float("nan"), device=device)
-    return out, lse
-
-
-def check(got, got_lse, want, want_lse, dtype):
-    assert not got.isnan().any(), "unwritten or NaN output elements"
-    _, _, message = compare_with_lse(got, got_lse, want, want_lse, dtype)
-    assert not message, message
-
-
-@st.composite
-def prefill_problems(draw):
-    geometry = draw(st.sampled_from(GEOMETRIES))
-    dtype = draw(st.sampled_from(["bfloat16", "float16"]))
-    tiles = draw(st.sampled_from([None, *EXTRA_TILES]))
-    # key / value tiles through TMA descriptors or through pointer tiles: both load paths are checked
-    tma = draw(st.booleans())
-    return dict(geometry=geometry, dtype=dtype, tiles=tiles, tma=tma, seed=draw(st.integers(0, 2**32 - 1)))
-
-
-@given(problem=prefill_problems(), data=st.data())
-def test_prefill_matches_reference(build_module, device, problem, data):
-    module = module_for(build_module, problem["geometry"], problem["dtype"])
-    config = module.prefill_config(device)
-    if problem["tiles"] is not None:
-        config = (*problem["tiles"], *config[2:])
-    lengths = data.draw(st.lists(tile_lengths(config[0], config[1]), min_size=1, max_size=4), label="lengths")
-    note(f"{problem} config={config} lengths={lengths}")
-    g = torch.Generator().manual_seed(problem["seed"])
-    cu = cu_seqlens(lengths, device)
-    q, k_nope, k_pe, v = random_mha(module, sum(lengths), g, device)
-    out, lse = poisoned(module, sum(lengths), device)
-    with patch.object(module, "PREFILL_USE_TMA", problem["tma"]):
-        got, got_lse = module.mla_prefill(
-            q, k_nope, k_pe, v, cu, max(lengths), return_lse=True, out=out, lse=lse, config=config
-        )
-    assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
-    want, want_lse = prefill_varlen(q.double(), k_nope.double(), k_pe.double(), v.double(), cu, module.SOFTMAX_SCALE)
-    check(got, got_lse, want, want_lse, problem["dtype"])
-
-
-@given(
-    geometry=st.sampled_from(GEOMETRIES),
-    dtype=st.sampled_from(["bfloat16", "float16"]),
-    split=st.data(),
-    seed=st.integers(0, 2**32 - 1),
-)
-def test_merge_attn_states_equals_attention_over_the_union(build_module, device, geometry, dtype, split, seed):
+@given(data=st.data())
+def test_merge_attn_states_equals_attention_over_the_union(build_module, device, data):
     """Attention over keys A and over keys B, merged, == attention over A + B (either part may be empty)."""
-    module = module_for(build_module, geometry, dtype)
-    num_tokens = split.draw(st.integers(1, 20), label="tokens")
-    keys_a = split.draw(st.integers(0, 24), label="keys_a")
-    keys_b = split.draw(st.integers(0 if keys_a else 1, 24), label="keys_b")
-    parts_fp32 = split.draw(st.booleans(), label="fp32 partials")
-    g = torch.Generator().manual_seed(seed)
-    heads, dv = module.NUM_HEADS, module.V_HEAD_DIM
-    q = torch.randn(num_tokens, heads, 32, generator=g, dtype=torch.float64)
-    k = torch.randn(keys_a + keys_b, heads, 32, generator=g, dtype=torch.float64)
-    v = torch.randn(keys_a + keys_b, heads, dv, generator=g, dtype=torch.float64)
-    # a random visibility pattern where each query sees a key of the union, except drawn blind rows
-    visible = torch.rand(num_tokens, keys_a + keys_b, generator=g) < 0.7
-    visible[torch.arange(num_tokens), torch.randint(0, keys_a + keys_b, (num_tokens,), generator=g)] = True
-    if split.draw(st.booleans(), label="blind rows"):  # lse -inf and zero output for these
-        visible[torch.rand(num_tokens, generator=g) < 0.3] = False
-    o_a, l_a = attention(q, k[:keys_a], v[:keys_a], 0.2, visible[:, :keys_a])
-    o_b, l_b = attention(q, k[keys_a:], v[keys_a:], 0.2, visible[:, keys_a:])
-    want, want_lse = attention(q, k, v, 0.2, visible)
-    part_dtype = torch.float32 if parts_fp32 else module.DTYPE
-    out, lse = poisoned(module, num_tokens, device)
-    got, got_lse = module.merge_attn_states(
-        o_a.to(part_dtype).to(device),
-        l_a.float().to(device),
-        o_b.to(part_dtype).to(device),
-        l_b.float().to(device),
-        out=out,
-        out_lse=lse,
-        return_lse=True,
-    )
-    check(got, got_lse, want, want_lse, dtype)
+    geometry = data.draw(st.sampled_from(GEOMETRIES), label="geometry")
+    module = module_for(build_module, geometry, data.draw(st.sampled_from(DTYPES), label="dtype"))
+    problem = data.draw(merge_inputs(module), label="problem")
+    note(problem.describe(module))
+    assert_merge_matches_reference(module, problem, device=device)
 
 
-def paged_cache(module, prefix_lens, generator, device):
-    """Random latent cache holding the prefixes in shuffled pages (see verify.paged_block_table), its table
-    and its kv_scale (None for a 16-bit cache, see verify.random_cache)."""
-    table, num_pages = paged_block_table(prefix_lens, module.PAGE_SIZE, generator, spare_pages=2)
-    cache, kv_scale = random_cache(module, num_pages, generator, device)
-    return cache, table.to(device), kv_scale
-
-
-@given(problem=prefill_problems(), data=st.data())
-def test_chunked_prefill_equals_full_attention(build_module, device, problem, data):
+@given(data=st.data())
+def test_chunked_prefill_equals_full_attention(build_module, device, data):
+    geometry = data.draw(st.sampled_from(GEOMETRIES), label="geometry")
+    dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     page_size = data.draw(st.sampled_from([1, 4, 16]), label="page_size")
     # the prefix in a 16-bit or an fp8 cache (dequantised before it is expanded)
     cache_dtype = data.draw(st.sampled_from([None, "float8_e4m3fn"]), label="cache_dtype")
-    module = module_for(build_module, problem["geometry"], problem["dtype"], page_size, cache_dtype)
-    config = module.prefill_config(device)
-    if problem["tiles"] is not None:
-        config = (*problem["tiles"], *config[2:])
-    batch = data.draw(st.integers(1, 3), label="batch")
-    lengths = data.draw(st.lists(tile_lengths(config[0], config[1]), min_size=batch, max_size=batch), label="new")
-    prefix_length = st.one_of(st.just(0), tile_lengths(config[1], page_size), st.integers(0, 50))
-    prefix_lens = data.draw(st.lists(prefix_length, min_size=batch, max_size=batch), label="prefix")
-    note(f"{problem} config={config} new={lengths} prefix={prefix_lens} page_size={page_size}")
-    g = torch.Generator().manual_seed(problem["seed"])
-    cu = cu_seqlens(lengths, device)
-    q, k_nope, k_pe, v = random_mha(module, sum(lengths), g, device)
-    cache, table, kv_scale = paged_cache(module, prefix_lens, g, device)
-    heads, dn, dv, dc = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
-    w_uk = (torch.randn(heads, dn, dc, generator=g) / dc**0.5).to(module.DTYPE).to(device)
-    w_uv = (torch.randn(heads, dv, dc, generator=g) / dc**0.5).to(module.DTYPE).to(device)
-    plen = torch.tensor(prefix_lens, dtype=torch.int32, device=device)
-    out, lse = poisoned(module, sum(lengths), device)
-    # the prefix total as a host int (no synchronisation, graph-capturable) or read from prefix_lens
-    total = data.draw(st.sampled_from([None, sum(prefix_lens)]), label="num_prefix_tokens")
-    got, got_lse = module.mla_chunked_prefill(
-        q, k_nope, k_pe, v, cu, max(lengths), cache, table, plen, w_uk, w_uv, kv_scale=kv_scale,
-        return_lse=True, out=out, lse=lse, config=config, num_prefix_tokens=total,
-    )  # fmt: skip
-    want, want_lse = chunked_prefill(
-        q.double(), k_nope.double(), k_pe.double(), v.double(), cu, dequantize_cache(cache, kv_scale), table, plen,
-        w_uk.double(), w_uv.double(), module.SOFTMAX_SCALE, expanded_dtype=module.DTYPE,
-    )  # fmt: skip
-    check(got, got_lse, want, want_lse, problem["dtype"])
+    module = module_for(build_module, geometry, dtype, page_size, cache_dtype)
+    problem = data.draw(chunked_prefill_inputs(module, device=device), label="problem")
+    note(problem.describe(module))
+    assert_chunked_prefill_matches_reference(module, problem, device=device)
 
 
 def test_reference_chunked_prefill_is_the_mla_layer():
