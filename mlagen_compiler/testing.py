@@ -27,6 +27,7 @@ kernel a module holds; mlagen's own tests draw through them too.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import shlex
 from collections.abc import Callable
@@ -192,12 +193,14 @@ class DecodeProblem:
     num_parts / min_blocks: split-KV knobs of get_decode_schedule (None: the launch policy's); merge: split
     sequences merged by their own runs ("fused") or by the combine kernel; tma: cache blocks through TMA
     descriptors where the kernel can; nan_unused: NaN in every cache slot no sequence owns; config: a
-    forced tile configuration; seed: the tensors' (q, the shuffled page table, the cache, an fp8 scale).
+    forced tile configuration; seed: the tensors' (q, the shuffled page table, the cache, an fp8 scale);
+    causal: the Sq new tokens causal among themselves, or each seeing the whole sequence (mla_decode's causal).
     """
 
     seqlens: tuple[int, ...]
     seqlen_q: int = 1
     softmax_scale: float | None = None
+    causal: bool = True
     num_parts: int | None = None
     min_blocks: int | None = None
     merge: str = "fused"
@@ -222,7 +225,7 @@ class DecodeProblem:
         scale = "default" if self.softmax_scale is None else self.softmax_scale
         return (
             f"decode {_shape_line(module)} | batch={len(self.seqlens)} Sq={self.seqlen_q} "
-            f"lengths={list(self.seqlens)} softmax_scale={scale}"
+            f"lengths={list(self.seqlens)} softmax_scale={scale}{'' if self.causal else ' causal=False'}"
         )
 
 
@@ -238,9 +241,10 @@ def decode_inputs(
     draw: Callable, module: ModuleType, *, max_batch: int = 4, max_seqlen_q: int = 4, max_length: int = 70
 ) -> DecodeProblem:
     """DecodeProblems for `module`: lengths at its page edges, anywhere up to max_length, or 0; batch 1..max_batch;
-    Sq 1..max_seqlen_q; default or explicit softmax scale; default or forced splits; both merges, both cache
-    load paths; unused cache slots NaN or stale data."""
+    Sq 1..max_seqlen_q; default or explicit softmax scale; causal or not (where the module's mla_decode takes
+    causal=); default or forced splits; both merges, both cache load paths; unused cache slots NaN or stale data."""
     p = module.PAGE_SIZE
+    takes_causal = "causal" in inspect.signature(module.mla_decode).parameters
     length = st.one_of(
         st.sampled_from(sorted({1, max(1, p - 1), p, p + 1, 2 * p - 1, 2 * p + 1, 3 * p})),
         st.integers(1, max_length),
@@ -250,6 +254,7 @@ def decode_inputs(
         seqlens=tuple(draw(st.lists(length, min_size=1, max_size=max_batch), label="seqlens")),
         seqlen_q=draw(st.integers(1, max_seqlen_q), label="seqlen_q"),
         softmax_scale=draw(_scales(module), label="softmax_scale"),
+        causal=draw(st.booleans(), label="causal") if takes_causal else True,
         num_parts=draw(st.one_of(st.none(), st.integers(1, 9)), label="num_parts"),
         # default (plan's cost rule) or forced small runs, so that splits and the merges are exercised
         min_blocks=draw(st.sampled_from([None, 1, 2]), label="min_blocks"),
@@ -292,7 +297,8 @@ def assert_decode_matches_reference(
         config=problem.config,
     )
     assert schedule.backend == backend, schedule.backend_reason
-    want, want_lse = decode_reference(module, inputs, problem.softmax_scale)
+    want, want_lse = decode_reference(module, inputs, problem.softmax_scale, causal=problem.causal)
+    causal = {} if problem.causal else {"causal": False}  # (modules generated before causal= take the default)
     for _ in range(calls):
         out = torch.full(
             (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), float("nan"), dtype=module.DTYPE, device=device
@@ -300,7 +306,13 @@ def assert_decode_matches_reference(
         lse = torch.full((batch, module.NUM_HEADS, seqlen_q), float("nan"), device=device)
         with patch.object(module, "DECODE_USE_TMA", problem.tma):
             got, got_lse = module.mla_decode(
-                **inputs, softmax_scale=problem.softmax_scale, return_lse=True, schedule=schedule, out=out, lse=lse
+                **inputs,
+                softmax_scale=problem.softmax_scale,
+                return_lse=True,
+                schedule=schedule,
+                out=out,
+                lse=lse,
+                **causal,
             )
         assert got.data_ptr() == out.data_ptr() and got_lse.data_ptr() == lse.data_ptr()
         _assert_close(got, got_lse, want, want_lse, module)

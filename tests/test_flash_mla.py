@@ -1,21 +1,19 @@
-"""mla_decode(causal=False) and the FlashMLA drop-in (mlagen_compiler.flash_mla) against the reference.
+"""mla_decode's causal= and empty_lse= arguments and the FlashMLA drop-in (mlagen_compiler.flash_mla) against
+the reference. (Causal and non-causal decode are drawn by the shared decode property test: testing.decode_inputs.)
 
 Interpreter-sized geometries; the GPU run of FlashMLA's own suite through the drop-in is
-benchmarks/flash_mla_suite.py. Outputs are poisoned (NaN) and unused cache slots hold NaN, as in FlashMLA's
+benchmarks/flash_mla_dropin.py. Outputs are poisoned (NaN) and unused cache slots hold NaN, as in FlashMLA's
 suite, whose conventions are checked here: default scale q.shape[-1] ** -0.5, lse = +inf and a zero output
 for a query that sees no key, block-table entries past a sequence set to a huge page number.
 """
 
 import math
-from unittest.mock import patch
 
 import pytest
 import torch
-from hypothesis import given, note
-from hypothesis import strategies as st
 
 import mlagen_compiler.flash_mla as flash_mla
-from mlagen_compiler.verify import compare_with_lse, decode_reference, make_decode_inputs, poison_unused_cache
+from mlagen_compiler.verify import compare_with_lse, decode_reference, make_decode_inputs
 
 #: FlashMLA's suite marks block-table entries past each sequence with this page number
 PAST_THE_END_PAGE = 2147480000
@@ -26,59 +24,6 @@ def small_spec(**fields):
                 v_head_dim=32, page_size=4, dtype="float16")  # fmt: skip
     spec.update(fields)
     return spec
-
-
-@st.composite
-def noncausal_problems(draw):
-    page_size = draw(st.sampled_from([1, 4, 16]))
-    seqlen_q = draw(st.integers(2, 4))
-    # lengths below Sq (causal rows that see nothing), page boundaries and empty sequences
-    length = st.one_of(st.integers(0, 3 * page_size + 1), st.integers(1, 40))
-    return dict(
-        page_size=page_size,
-        heads=draw(st.sampled_from([1, 3, 16])),
-        dtype=draw(st.sampled_from(["bfloat16", "float16"])),
-        seqlen_q=seqlen_q,
-        seqlens=draw(st.lists(length, min_size=1, max_size=3)),
-        causal=draw(st.booleans()),
-        num_parts=draw(st.one_of(st.none(), st.integers(1, 6))),
-        merge=draw(st.sampled_from(["fused", "kernel"])),
-        tma=draw(st.booleans()),
-        seed=draw(st.integers(0, 2**32 - 1)),
-    )
-
-
-@pytest.mark.parametrize("backend", ["triton", "gluon"])
-@given(data=st.data())
-def test_decode_causal_and_not_match_the_reference(build_module, device, backend, data):
-    # the Gluon decode takes Dc / 2 in 64..256 (Dc 128 is its smallest); it runs on Hopper only
-    dc = 128 if backend == "gluon" else 64
-    if backend == "gluon":
-        probe = build_module(**small_spec(kv_lora_rank=dc))
-        chosen, reason = probe.decode_backend(device, "auto", total_rows=1 << 20)
-        if chosen != "gluon":
-            pytest.skip(f"Gluon decode cannot run here: {reason}")
-    problem = data.draw(noncausal_problems())
-    note(repr(problem))
-    module = build_module(**small_spec(num_heads=problem["heads"], kv_lora_rank=dc, page_size=problem["page_size"],
-                                       dtype=problem["dtype"]))  # fmt: skip
-    g = torch.Generator().manual_seed(problem["seed"])
-    inputs = make_decode_inputs(module, problem["seqlens"], problem["seqlen_q"], g, device)
-    poison_unused_cache(inputs)
-    batch, seqlen_q = len(problem["seqlens"]), problem["seqlen_q"]
-    schedule = module.get_decode_schedule(batch, seqlen_q, device, num_parts=problem["num_parts"],
-                                          min_blocks_per_part=1, backend=backend, merge=problem["merge"])  # fmt: skip
-    assert schedule.backend == backend, schedule.backend_reason
-    out = torch.full((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), float("nan"), dtype=module.DTYPE,
-                     device=device)  # fmt: skip
-    lse = torch.full((batch, module.NUM_HEADS, seqlen_q), float("nan"), device=device)
-    with patch.object(module, "DECODE_USE_TMA", problem["tma"]):
-        got, got_lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse,
-                                         causal=problem["causal"])  # fmt: skip
-    want, want_lse = decode_reference(module, inputs, causal=problem["causal"])
-    assert not got.isnan().any(), "unwritten or NaN output elements"
-    _, _, message = compare_with_lse(got, got_lse, want, want_lse, problem["dtype"])
-    assert not message, message
 
 
 def test_causal_and_empty_lse_are_checked(build_module, device):
