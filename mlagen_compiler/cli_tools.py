@@ -265,12 +265,12 @@ def env_command(spec_dir: SpecDirOption = None) -> None:
 
 def cache_info_command() -> None:
     """Where the cache is and what it holds (one line per cached module)."""
-    from .cache import cache_dir, directory_size, entry_is_intact, list_entries
+    from .cache import cache_dir, directory_size, entry_is_intact, foreign_paths, list_entries
 
     root = cache_dir()
     entries = list_entries(root)
     total = sum(directory_size(e.directory) for e in entries)
-    typer.echo(f"cache: {root}")
+    typer.echo(f"cache: {root}{'' if root.exists() else '  (not created yet)'}")
     typer.echo(f"{len(entries)} module(s), {total / 1024:.0f} KiB")
     if entries:
         typer.echo(f"{'spec':<22} {'key':<14} {'mlagen':<8} {'triton':<8} {'created':<21} state")
@@ -281,15 +281,20 @@ def cache_info_command() -> None:
             f"{m.get('spec_name', e.directory.name):<22} {e.key[:12]:<14} {m.get('mlagen', '?'):<8} "
             f"{m.get('triton', '?'):<8} {m.get('created', '?'):<21} {state}"
         )
+    for path in foreign_paths(root):
+        typer.echo(f"not a cache entry (no manifest.json; left alone by `mlagen cache clear`): {path}")
 
 
 def cache_clear_command() -> None:
     """Remove every cached module (the tuning database is kept)."""
-    from .cache import cache_dir, clear_cache
+    from .cache import cache_dir, clear_cache, foreign_paths
 
     root = cache_dir()
     removed = clear_cache(root)
     typer.echo(f"removed {removed} cached module(s) from {root}")
+    kept = foreign_paths(root)
+    if kept:
+        typer.echo(f"kept {len(kept)} path(s) that are not cache entries (no manifest.json), e.g. {kept[0]}")
 
 
 def _print_summary(results: list) -> None:

@@ -148,3 +148,237 @@ def test_module_switches_take_0_or_1_and_name_a_wrong_value(name):
     bad = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env={**env, name: "off"}, capture_output=True)
     assert bad.returncode != 0
     assert f"ValueError: {name}: expected 0 or 1, got 'off'" in bad.stderr.decode()
+
+
+# ---- second round (issue 45): no silent coercion, no overflow, no deleted files, no hang -------------------
+
+
+@pytest.mark.parametrize(
+    ("replace", "fragment"),
+    [
+        ({"num_heads": "true"}, "num_heads: Input should be a valid integer (got True)"),
+        ({"num_heads": "'16'"}, "num_heads: Input should be a valid integer (got '16')"),
+        ({"num_heads": "16.0"}, "num_heads: Input should be a valid integer (got 16.0)"),
+        ({"kv_lora_rank": "false"}, "kv_lora_rank: Input should be a valid integer (got False)"),
+        ({"page_size": "'64'"}, "page_size: Input should be a valid integer (got '64')"),
+        ({"q_lora_rank": "true"}, "q_lora_rank: Input should be a valid integer (got True)"),
+        (
+            {"tiles": "{decode: {num_warps: true}}"},
+            "tiles.decode.num_warps: Input should be a valid integer (got True)",
+        ),
+        ({"tiles": "{prefill: {block_m: '64'}}"}, "tiles.prefill.block_m: Input should be a valid integer (got '64')"),
+        ({"softmax_scale": "true"}, "softmax_scale: Input should be a valid number (got True)"),
+        ({"softmax_scale": "'0.1'"}, "softmax_scale: Input should be a valid number (got '0.1')"),
+        (
+            {"rope_scaling": "{type: yarn, factor: '40', mscale_all_dim: 1.0}"},
+            "rope_scaling.factor: Input should be a valid number (got '40')",
+        ),
+        (
+            {"rope_scaling": "{type: yarn, factor: 40, mscale_all_dim: 1.0, original_max_position_embeddings: true}"},
+            "rope_scaling.original_max_position_embeddings: Input should be a valid integer (got True)",
+        ),
+    ],
+)
+def test_spec_fields_take_their_own_type_only(tmp_path, capsys, replace, fragment):
+    """A bool, a string or a float for an int (a bool or a string for a float) is an error naming the field,
+    never converted (YAML `true` would be 1 head, '16' 16 heads)."""
+    path = spec_file(tmp_path, "x.yaml", name="x", **replace)
+    code, _, err = run_main(capsys, "show", str(path))
+    assert code == 2 and one_error_line(err) == f"mlagen: error: {path}: {fragment}"
+
+
+def test_an_exponent_without_a_dot_is_a_number(tmp_path):
+    """YAML 1.1 reads 1e-1 as a string; the spec loader reads it as the number a user means."""
+    path = spec_file(tmp_path, "x.yaml", name="x", rope_scaling="null")
+    path.write_text(path.read_text() + "softmax_scale: 1e-1\n")
+    assert mlagen_compiler.load_spec(path).softmax_scale == 0.1
+
+
+@pytest.mark.parametrize(
+    ("extra", "fragment"),
+    [
+        ("num_heads: 8\n", "key 'num_heads' is given twice (lines 5 and 22): give each key once"),
+        ("tiles: {decode: {block_n: 32, block_n: 64}}\n", "key 'block_n' is given twice (lines 22 and 22)"),
+    ],
+)
+def test_a_key_given_twice_is_refused(tmp_path, capsys, extra, fragment):
+    path = tmp_path / "twice.yaml"
+    path.write_text(LITE + extra)
+    code, _, err = run_main(capsys, "show", str(path))
+    assert code == 2 and f"mlagen: error: {path}: not valid YAML: {fragment}" in one_error_line(err)
+
+
+def test_a_merge_key_may_be_overridden(tmp_path):
+    """`<<: *base` then a key of its own is YAML's override, not a key given twice."""
+    path = tmp_path / "merge.yaml"
+    text = LITE + "tiles:\n  decode:\n    <<: {block_n: 32, num_warps: 4}\n    block_n: 64\n"
+    path.write_text(text)
+    assert mlagen_compiler.load_spec(path).tiles.decode.block_n == 64
+
+
+def test_nested_yaml_aliases_do_not_hang_the_error(tmp_path, capsys):
+    """A kilobyte of nested aliases holds 10**9 elements: the error shows the value cut short, at once."""
+    import time
+
+    levels = ["a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    for i in range(1, 9):
+        levels.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text(LITE + "\n".join(levels) + "\n")
+    start = time.monotonic()
+    code, _, err = run_main(capsys, "show", str(path))
+    assert time.monotonic() - start < 10
+    line = one_error_line(err)
+    assert code == 2 and f"{path}: a8: unknown field (allowed: " in line and len(line) < 20000
+
+
+def test_a_huge_integer_is_a_yaml_error_naming_the_file(tmp_path, capsys):
+    path = spec_file(tmp_path, "x.yaml", name="x")
+    path.write_text(path.read_text().replace("num_heads: 16", "num_heads: " + "9" * 5000))
+    code, _, err = run_main(capsys, "show", str(path))
+    assert code == 2 and one_error_line(err).startswith(f"mlagen: error: {path}: not valid YAML: ")
+
+
+@pytest.mark.parametrize(
+    ("replace", "fragment"),
+    [
+        (
+            {"softmax_scale": "1.0e+300"},
+            "softmax_scale: softmax_scale=1e+300 is not allowed: must be in [2**-24, 2**14]",
+        ),
+        ({"softmax_scale": "1.0e-30"}, "softmax_scale: softmax_scale=1e-30 is not allowed: must be in [2**-24, 2**14]"),
+        ({"softmax_scale": "0"}, "softmax_scale: softmax_scale=0.0 is not allowed: must be in [2**-24, 2**14]"),
+        (
+            {"rope_scaling": "{type: yarn, factor: 40, mscale_all_dim: 1.0e+200}"},
+            "rope_scaling.mscale_all_dim: Input should be less than or equal to 10 (got 1e+200)",
+        ),
+        (
+            {"rope_scaling": "{type: yarn, factor: 40, mscale_all_dim: -2.71}"},
+            "rope_scaling.mscale_all_dim: Input should be greater than or equal to 0 (got -2.71)",
+        ),
+        (
+            {"rope_scaling": "{type: yarn, factor: 1.0e+300, mscale_all_dim: 1.0}"},
+            "rope_scaling.factor: Input should be less than or equal to 65536 (got 1e+300)",
+        ),
+    ],
+)
+def test_scales_that_would_overflow_in_the_kernels_are_refused(tmp_path, capsys, replace, fragment):
+    """Finite values whose float32 scale inside the kernels would not be (or would vanish): refused, so no
+    module with `inf` in it (unimportable) is ever written."""
+    fields = {"rope_scaling": "null"} if "softmax_scale" in replace else {}
+    path = spec_file(tmp_path, "x.yaml", name="x", **{**fields, **replace})
+    code, _, err = run_main(capsys, "compile", str(path), "-o", str(tmp_path / "out"))
+    assert code == 2 and one_error_line(err).startswith(f"mlagen: error: {path}: {fragment}")
+    assert not (tmp_path / "out").exists()
+
+
+def test_every_bounded_rope_scaling_gives_a_scale_in_bounds():
+    """The field bounds alone keep the derived scale inside [SOFTMAX_SCALE_MIN, SOFTMAX_SCALE_MAX]."""
+    from mlagen_compiler.spec import SOFTMAX_SCALE_MAX, SOFTMAX_SCALE_MIN
+
+    fields = {**yaml.safe_load(LITE), "name": "x"}
+    for dims in ((16, 16), (256, 128)):
+        for factor, mscale_all_dim in ((65536, 10.0), (1e-9, 10.0), (2.0, 0.0)):
+            spec = mlagen_compiler.spec_from_dict(
+                {
+                    **fields,
+                    "qk_nope_head_dim": dims[0],
+                    "qk_rope_head_dim": dims[1],
+                    "rope_scaling": {"factor": factor, "mscale_all_dim": mscale_all_dim},
+                }
+            )
+            assert SOFTMAX_SCALE_MIN <= spec.derived_softmax_scale() <= SOFTMAX_SCALE_MAX
+
+
+@pytest.mark.parametrize("name", ["torch", "triton", "math", "os", "json", "typing-extensions", "numpy", "yaml"])
+def test_a_spec_named_after_a_module_it_would_shadow_is_refused(tmp_path, capsys, name):
+    path = spec_file(tmp_path, "x.yaml", name=name)
+    code, _, err = run_main(capsys, "compile", str(path), "-o", str(tmp_path))
+    module = name.replace("-", "_")
+    assert code == 2 and f"{path}: name: name='{name}' is not allowed: its module {module}.py would shadow" in (
+        one_error_line(err)
+    )
+    assert not (tmp_path / f"{module}.py").exists()
+
+
+def test_cache_clear_removes_only_entries(tmp_path, monkeypatch, capsys):
+    """A folder a user put under the cache's modules/ (no manifest.json) is neither an entry nor removed."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("MLAGEN_CACHE_DIR", str(root))
+    mlagen_compiler.load("deepseek-v2-lite")
+    mine = root / "modules" / "my-notes"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    (root / "modules" / "a-file").write_text("keep me too")
+    code, out, _ = run_main(capsys, "cache", "info")
+    assert code == 0 and "1 module(s)" in out and "damaged" not in out
+    assert f"not a cache entry (no manifest.json; left alone by `mlagen cache clear`): {mine}" in out
+    code, out, _ = run_main(capsys, "cache", "clear")
+    assert code == 0 and "removed 1 cached module(s)" in out and "kept 2 path(s)" in out
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert (root / "modules" / "a-file").read_text() == "keep me too"
+    assert {p.name for p in (root / "modules").iterdir()} == {"a-file", "my-notes"}
+
+
+@pytest.mark.parametrize("command", ["info", "clear"])
+def test_a_cache_directory_that_is_a_file_is_named(tmp_path, monkeypatch, capsys, command):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("keep me")
+    monkeypatch.setenv("MLAGEN_CACHE_DIR", str(blocker))
+    code, _, err = run_main(capsys, "cache", command)
+    expected = f"mlagen: error: MLAGEN_CACHE_DIR={blocker} is a file, not a directory: point MLAGEN_CACHE_DIR at a"
+    assert code == 2 and one_error_line(err).startswith(expected)
+    assert blocker.read_text() == "keep me"
+
+
+HF_BASE = {
+    "model_type": "deepseek_v3", "num_attention_heads": 16, "kv_lora_rank": 512, "qk_rope_head_dim": 64,
+    "qk_nope_head_dim": 128, "v_head_dim": 128, "q_lora_rank": 1536,
+    "rope_scaling": {"type": "yarn", "factor": 40, "mscale": 1.0, "mscale_all_dim": 1.0},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("change", "fragment"),
+    [
+        (
+            {"num_attention_heads": "sixteen"},
+            "config: num_attention_heads='sixteen' is not allowed: must be an integer",
+        ),
+        ({"num_attention_heads": True}, "config: num_attention_heads=True is not allowed: must be an integer"),
+        ({"num_attention_heads": 128.7}, "config: num_attention_heads=128.7 is not allowed: must be an integer"),
+        ({"kv_lora_rank": 512.0}, "config: kv_lora_rank=512.0 is not allowed: must be an integer"),
+        ({"q_lora_rank": False}, "config: q_lora_rank=False is not allowed: must be an integer"),
+        ({"qk_rope_head_dim": "64"}, "config: qk_rope_head_dim='64' is not allowed: must be an integer"),
+        (
+            {"rope_scaling": {"type": "yarn", "factor": None, "mscale_all_dim": 1.0}},
+            "config: rope_scaling.factor=None is not allowed: must be a finite number",
+        ),
+        (
+            {"rope_scaling": {"type": "yarn", "factor": True, "mscale_all_dim": 1.0}},
+            "config: rope_scaling.factor=True is not allowed: must be a finite number",
+        ),
+        (
+            {"rope_scaling": {"type": "yarn", "factor": 40, "mscale_all_dim": "1"}},
+            "config: rope_scaling.mscale_all_dim='1' is not allowed: must be a finite number",
+        ),
+        (
+            {"rope_scaling": {"type": None, "factor": 40, "mscale_all_dim": 1.0}},
+            "config: rope_scaling.rope_type=None is not allowed: must be a string",
+        ),
+    ],
+)
+def test_spec_from_hf_refuses_wrong_types(tmp_path, capsys, change, fragment):
+    import json
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**HF_BASE, **change}))
+    code, out, err = run_main(capsys, "spec-from-hf", str(path))
+    assert code == 2 and not out and one_error_line(err) == f"mlagen: error: {fragment}"
+
+
+def test_spec_from_hf_refuses_a_key_given_twice(tmp_path, capsys):
+    path = tmp_path / "config.json"
+    path.write_text('{"num_attention_heads": 16, ' + __import__("json").dumps(HF_BASE)[1:])
+    code, _, err = run_main(capsys, "spec-from-hf", str(path))
+    assert code == 2 and "key 'num_attention_heads' is given twice in one object" in one_error_line(err)
