@@ -233,26 +233,35 @@ def env_command(spec_dir: SpecDirOption = None) -> None:
     import torch
 
     from .cache import cache_dir, directory_size, list_entries
+    from .knobs import knob_states
     from .registry import registered_specs, spec_dirs
     from .triton_support import triton_version
     from .tuning import read_db, shipped_db_paths, user_db_path
 
     _, gpu_text = _gpu_visible()
+    states = knob_states()
     root = cache_dir()
-    entries = list_entries(root)
-    size = sum(directory_size(e.directory) for e in entries)
+    try:
+        entries = list_entries(root)
+        size = sum(directory_size(e.directory) for e in entries)
+        cache_text = f"{len(entries)} module(s), {size / 1024:.0f} KiB"
+    except OSError as error:  # (a cache dir that is a file: the knob's line below says so too)
+        cache_text = f"unusable: {error}"
     rows = [
         ("mlagen", __version__),
         ("python", f"{platform.python_version()} ({sys.executable})"),
         ("torch", torch.__version__),
         ("triton", _triton_line(triton_version())),
         ("gpu", gpu_text),
-        ("cache", f"{root}  ({len(entries)} module(s), {size / 1024:.0f} KiB; MLAGEN_CACHE_DIR)"),
+        ("cache", f"{root}  ({cache_text}; MLAGEN_CACHE_DIR)"),
     ]
     for path in shipped_db_paths():
         rows.append(("tuning (shipped)", f"{path}  ({len(read_db(path))} entries)"))
     user = user_db_path()
-    state = f"{len(read_db(user))} entries" if user.exists() else "not created yet"
+    try:
+        state = f"{len(read_db(user))} entries" if user.is_file() else "not created yet"
+    except (OSError, ValueError) as error:
+        state = f"unreadable: {' '.join(str(error).splitlines())}"
     rows.append(("tuning (user)", f"{user}  ({state}; MLAGEN_TUNING_DB; `mlagen tune` writes here)"))
     extra = list(spec_dir or [])
     for directory in spec_dirs(extra):
@@ -261,6 +270,12 @@ def env_command(spec_dir: SpecDirOption = None) -> None:
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         typer.echo(f"{key:<{width}}  {value}")
+    typer.echo("environment variables (value as set, or the default; INVALID: what is wrong):")
+    name_width = max(len(s.name) for s in states)
+    for s in states:
+        shown = s.value if s.value is not None else f"unset -> {s.effective}"
+        verdict = f"INVALID: {s.problem}" if s.problem else "ok"
+        typer.echo(f"  {s.name:<{name_width}}  {shown!s:<24} {verdict}" + (f"  ({s.meaning})" if s.meaning else ""))
 
 
 def cache_info_command() -> None:

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, fiel
 __all__ = [
     "RESERVED_MODULE_NAMES",
     "SCALED_CACHE_DTYPES",
+    "SOFTMAX_SCALE_CALL_MAX",
     "SOFTMAX_SCALE_MAX",
     "SOFTMAX_SCALE_MIN",
     "CacheDType",
@@ -34,6 +35,7 @@ __all__ = [
     "load_spec",
     "safe_load_yaml",
     "spec_from_dict",
+    "unique_json_keys",
 ]
 
 KernelName = Literal["decode", "prefill"]
@@ -50,14 +52,19 @@ StrictInt = Annotated[int, Strict()]
 #: a float field takes an int or a float, never a bool or a string
 StrictFloat = Annotated[float, Strict()]
 
-#: bounds of a softmax scale, the spec's and one given at a call (the magnitude of a negative one). The
-#: kernels work with qk_scale = scale * log2(e) in float32, and the fp8 cache's decode multiplies that by up
-#: to 2**113 (a bfloat16 query's largest exponent, 127, brought down to 14: see _fp8_cache_query), so
-#: |scale| * log2(e) * 2**113 must stay below float32's 2**128: |scale| < 2**15 / log2(e) ~ 22713.
+#: the largest softmax scale a spec may set (explicitly or through rope_scaling): every call without a scale of
+#: its own uses it, whatever its data. The kernels work with qk_scale = scale * log2(e) in float32, and the
+#: fp8 cache's decode multiplies that by up to 2**113 (a bfloat16 query's largest exponent, 127, brought down
+#: to 14: see _fp8_cache_query), so |scale| * log2(e) * 2**113 must stay below float32's 2**128:
+#: |scale| < 2**15 / log2(e) ~ 22713.
 SOFTMAX_SCALE_MAX = 2.0**14
 #: ... and the smallest a spec may set: qk_scale * 2**-100 (the fp8 decode's smallest factor) stays a normal
 #: float32 (>= 2**-126); a call may give any magnitude down to 0 (a zero scale only makes uniform weights)
 SOFTMAX_SCALE_MIN = 2.0**-24
+#: the largest |softmax_scale| a call may give (the module's SOFTMAX_SCALE_MAX): scale * log2(e) is a finite
+#: float32 with room for every score |q.k| below 2**63. Wider than a spec's bound: a call's own scale comes with
+#: its own data (tiny queries with a large scale, say), where the fp8 decode's factor follows the query's size.
+SOFTMAX_SCALE_CALL_MAX = 2.0**64
 
 #: module names a spec may not take: its module `<name>.py` written into a script's folder would be imported
 #: instead of the standard library's or a package's of that name (`import torch` in a script run from there)
@@ -396,6 +403,16 @@ class _SpecLoader(yaml.SafeLoader):
 _SpecLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
 )
+
+
+def unique_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook for a user's file: a key given twice is a ValueError (json keeps the last)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ValueError(f"key {brief_repr(key)} is given twice in one object: give each key once")
+        data[key] = value
+    return data
 
 
 def safe_load_yaml(text: str) -> Any:

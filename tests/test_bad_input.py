@@ -382,3 +382,124 @@ def test_spec_from_hf_refuses_a_key_given_twice(tmp_path, capsys):
     path.write_text('{"num_attention_heads": 16, ' + __import__("json").dumps(HF_BASE)[1:])
     code, _, err = run_main(capsys, "spec-from-hf", str(path))
     assert code == 2 and "key 'num_attention_heads' is given twice in one object" in one_error_line(err)
+
+
+def test_every_mlagen_variable_read_is_in_the_one_table():
+    """Each MLAGEN_* name the compiler or a template reads is a knob `mlagen env` lists (and checks)."""
+    from mlagen_compiler.knobs import knob_states
+
+    listed = {state.name for state in knob_states({})}
+    sources = [*ROOT.glob("mlagen_compiler/**/*.py"), *ROOT.glob("templates/*.jinja")]
+    read = {name for path in sources for name in re.findall(r"[\"'](MLAGEN_[A-Z_]+)[\"']", path.read_text())}
+    assert read and read <= listed, sorted(read - listed)
+
+
+GARBAGE = {
+    "MLAGEN_DECODE_BACKEND": ("cuda", "MLAGEN_DECODE_BACKEND: expected auto, gluon or triton, got 'cuda'"),
+    "MLAGEN_DECODE_MERGE": ("yes", "MLAGEN_DECODE_MERGE: expected auto, fused or kernel, got 'yes'"),
+    "MLAGEN_DECODE_PDL": ("on", "MLAGEN_DECODE_PDL: expected 0 or 1, got 'on'"),
+    "MLAGEN_DECODE_TMA": ("true", "MLAGEN_DECODE_TMA: expected 0 or 1, got 'true'"),
+    "MLAGEN_PREFILL_TMA": ("2", "MLAGEN_PREFILL_TMA: expected 0 or 1, got '2'"),
+    "MLAGEN_DIRECT_LAUNCH": ("off", "MLAGEN_DIRECT_LAUNCH: expected 0 or 1, got 'off'"),
+    "MLAGEN_RAW_LAUNCH": ("no", "MLAGEN_RAW_LAUNCH: expected 0 or 1, got 'no'"),
+    "MLAGEN_VALIDATE": ("yes", "MLAGEN_VALIDATE: expected 0 or 1, got 'yes'"),
+    "MLAGEN_POISON_WORKSPACE": ("nan", "MLAGEN_POISON_WORKSPACE: expected 0 or 1, got 'nan'"),
+}
+
+
+@pytest.mark.parametrize("name", list(GARBAGE))
+def test_mlagen_env_names_each_invalid_module_knob(monkeypatch, capsys, name):
+    """The generated modules would refuse the value at import or call; `mlagen env` says so first."""
+    value, problem = GARBAGE[name]
+    monkeypatch.setenv(name, value)
+    code, out, _ = run_main(capsys, "env")
+    lines = [line for line in out.splitlines() if line.strip().startswith(name + " ")]
+    assert code == 0 and len(lines) == 1 and f"INVALID: {problem}" in lines[0] and value in lines[0]
+    knob_lines = [line for line in out.splitlines() if line.startswith("  MLAGEN_")]
+    assert sum("INVALID" in line for line in knob_lines) == 1  # the others are ok
+
+
+def test_mlagen_env_checks_the_path_knobs_and_names_unknown_variables(tmp_path, monkeypatch, capsys):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep me")
+    bad_db = tmp_path / "db.json"
+    bad_db.write_text("{not json")
+    monkeypatch.setenv("MLAGEN_CACHE_DIR", str(a_file))
+    monkeypatch.setenv("MLAGEN_SPEC_PATH", str(a_file))
+    monkeypatch.setenv("MLAGEN_TUNING_DB", str(bad_db))
+    monkeypatch.setenv("MLAGEN_VALIDTE", "1")
+    code, out, _ = run_main(capsys, "env")
+    invalid = {line.split()[0]: line for line in out.splitlines() if "INVALID" in line and line.startswith("  ")}
+    assert code == 0 and set(invalid) == {"MLAGEN_CACHE_DIR", "MLAGEN_SPEC_PATH", "MLAGEN_TUNING_DB", "MLAGEN_VALIDTE"}
+    assert f"MLAGEN_CACHE_DIR: {a_file} is a file, not a directory" in invalid["MLAGEN_CACHE_DIR"]
+    assert f"MLAGEN_SPEC_PATH: not a directory: {a_file}" in invalid["MLAGEN_SPEC_PATH"]
+    assert f"MLAGEN_TUNING_DB: {bad_db}" in invalid["MLAGEN_TUNING_DB"]
+    assert "not a variable mlagen reads; did you mean MLAGEN_VALIDATE?" in invalid["MLAGEN_VALIDTE"]
+    assert a_file.read_text() == "keep me"
+
+
+def test_a_blank_module_knob_is_its_default():
+    from mlagen_compiler.launch_policy import ENV_KNOBS, env_knob
+
+    for name, (_, default, _) in ENV_KNOBS.items():
+        assert env_knob(name, None) == env_knob(name, "") == env_knob(name, "  ") == default
+        with pytest.raises(ValueError, match=f"^{name}: expected "):
+            env_knob(name, "garbage")
+
+
+@pytest.mark.parametrize("kind", ["file", "directory"])
+def test_compile_never_replaces_a_file_it_did_not_generate(tmp_path, capsys, kind):
+    mine = tmp_path / "deepseek_v2_lite.py"
+    if kind == "file":
+        mine.write_text("# my own helpers\n")
+    else:
+        mine.mkdir()
+    code, _, err = run_main(capsys, "compile", "deepseek-v2-lite", "-o", str(tmp_path))
+    assert code == 2 and one_error_line(err).startswith(
+        f"mlagen: error: {mine}: exists and is not a module mlagen generated"
+    )
+    assert kind == "directory" or mine.read_text() == "# my own helpers\n"
+    mine.unlink() if kind == "file" else mine.rmdir()
+    assert run_main(capsys, "compile", "deepseek-v2-lite", "-o", str(tmp_path))[0] == 0
+    assert run_main(capsys, "compile", "deepseek-v2-lite", "-o", str(tmp_path))[0] == 0  # its own: replaced
+
+
+@pytest.mark.parametrize(
+    ("tuned", "message"),
+    [
+        ({"decode": {"sm90|H100|m16": "xx"}}, "tuned['decode']['sm90|H100|m16']: config: expected (block_n: a power"),
+        ({"decode": 5}, "tuned['decode']: expected a mapping of '<arch>|<gpu>|<bucket>' keys, got 5"),
+        ({"decode": {"sm90|m16": [32, 4, 2]}}, "tuned['decode']: key 'sm90|m16' is not '<arch>|<gpu>|<bucket>'"),
+        ({"decode": {"sm90|H|m16": [1e300, 4, 2]}}, "tuned['decode']['sm90|H|m16']: config: expected (block_n"),
+        ({"decode": {"sm90|H|m16": [32, True, 2]}}, "tuned['decode']['sm90|H|m16']: config: expected (block_n"),
+        ({"decode": {"sm90|H|gluon": [64, 0, 2]}}, "tuned['decode']['sm90|H|gluon']: config: expected (block_n, regis"),
+        (
+            {"prefill": {"sm90|H|causal": [16, 16, 3, 1]}},
+            "tuned['prefill']['sm90|H|causal']: config: expected (block_m",
+        ),
+        ({"attention": {"sm90|H|causal": [16, 16, 4, 1]}}, "tuned['attention']['sm90|H|causal']: kernel: expected"),
+    ],
+)
+def test_load_checks_tuned_configurations(tmp_path, monkeypatch, tuned, message):
+    """A tuned configuration rendered into a module must be one a launch takes: else an error at load naming
+    where it is, not a module that fails at its first call on the GPU."""
+    monkeypatch.setenv("MLAGEN_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        mlagen_compiler.load("deepseek-v2-lite", tuned=tuned)
+
+
+def test_a_tuning_database_entry_is_checked_where_it_is_read_and_where_it_is_rendered(tmp_path, monkeypatch):
+    """An entry's config must be a list of ints (not bools) where the file is read; whether a launch takes it
+    is checked where it is rendered into a module (load names the tuned key)."""
+    import json
+
+    from mlagen_compiler.tuning import TuningDBError, read_db, shipped_db_paths
+
+    good = read_db(shipped_db_paths()[0])[0]
+    path = tmp_path / "db.json"
+    path.write_text(json.dumps({"schema": 2, "entries": [{**good, "config": [64, True, 2]}]}))
+    with pytest.raises(TuningDBError, match=re.escape(f"{path}: entries[0]: config must be a list of integers")):
+        read_db(path)
+    path.write_text('{"schema": 2, "schema": 2, "entries": []}')
+    with pytest.raises(TuningDBError, match="key 'schema' is given twice in one object"):
+        read_db(path)

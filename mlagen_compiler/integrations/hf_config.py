@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ..plan import softmax_scale_of
-from ..spec import SCALED_CACHE_DTYPES, MLASpec, SpecError, brief_repr, spec_from_dict
+from ..spec import SCALED_CACHE_DTYPES, MLASpec, SpecError, brief_repr, spec_from_dict, unique_json_keys
 
 __all__ = ["hf_softmax_scale", "read_hf_config", "spec_from_config", "spec_yaml"]
 
@@ -159,16 +159,6 @@ def spec_from_config(
     return spec
 
 
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's dict; a key given twice is an error (json keeps the last silently)."""
-    data: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in data:
-            raise ValueError(f"key {brief_repr(key)} is given twice in one object: give each key once")
-        data[key] = value
-    return data
-
-
 def read_hf_config(path: str | Path) -> dict[str, Any]:
     """The dict of a config.json, given the file or a directory holding one (errors name the path)."""
     path = Path(path)
@@ -177,7 +167,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
         where = f"{path} holds no config.json" if path.is_dir() else f"{file}: no such file"
         raise SpecError(f"{where}: give a config.json or a directory holding one")
     try:
-        data = json.loads(file.read_bytes(), object_pairs_hook=_unique_keys)  # bytes: json detects the encoding
+        data = json.loads(file.read_bytes(), object_pairs_hook=unique_json_keys)  # bytes: json detects the encoding
     except OSError as error:
         raise SpecError(f"{file}: cannot read ({error.strerror})") from None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
