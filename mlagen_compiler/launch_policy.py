@@ -444,11 +444,12 @@ def check_decode_config(config):
     )
     if ok:
         block_n, num_warps, num_stages = config
-        ok = block_n >= 16 and next_pow2(block_n) == block_n and num_warps in (1, 2, 4, 8, 16) and num_stages >= 1
+        ok = 16 <= block_n <= 256 and next_pow2(block_n) == block_n and num_warps in (1, 2, 4, 8, 16)
+        ok = ok and 1 <= num_stages <= 6
     if not ok:
         raise _policy_error(
             "config",
-            f"expected (block_n: a power of two >= 16, num_warps: 1..16, a power of two, num_stages >= 1), "
+            f"expected (block_n: a power of two in 16..256, num_warps: 1, 2, 4, 8 or 16, num_stages: 1..6), "
             f"got {config!r}",
         )
     return tuple(config)

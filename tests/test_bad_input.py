@@ -503,3 +503,24 @@ def test_a_tuning_database_entry_is_checked_where_it_is_read_and_where_it_is_ren
     path.write_text('{"schema": 2, "schema": 2, "entries": []}')
     with pytest.raises(TuningDBError, match="key 'schema' is given twice in one object"):
         read_db(path)
+
+
+@pytest.mark.parametrize(
+    "replace",
+    [
+        {"rope_scaling": "{type: yarn, factor: 65536, mscale_all_dim: 10}"},
+        {"rope_scaling": "null", "softmax_scale": "16384"},
+        {"rope_scaling": "null", "softmax_scale": "5.9604644775390625e-08"},
+    ],
+)
+def test_a_spec_at_its_bounds_compiles_to_an_importable_module(tmp_path, capsys, replace):
+    """What spec.py promises: every spec it accepts compiles into a module that imports, its scale finite."""
+    import math
+
+    from mlagen_compiler.compile import import_module_from_path
+
+    path = spec_file(tmp_path, "edge.yaml", name="edge", **replace)
+    code, _, err = run_main(capsys, "compile", str(path), "-o", str(tmp_path / "out"))
+    assert code == 0, err
+    module = import_module_from_path(tmp_path / "out" / "edge.py")
+    assert math.isfinite(module.SOFTMAX_SCALE) and 0 < module.SOFTMAX_SCALE <= 2**14
