@@ -150,7 +150,7 @@ def test_module_switches_take_0_or_1_and_name_a_wrong_value(name):
     assert f"ValueError: {name}: expected 0 or 1, got 'off'" in bad.stderr.decode()
 
 
-# ---- second round (issue 45): no silent coercion, no overflow, no deleted files, no hang -------------------
+# ---- no silent coercion, no overflow inside the kernels, no deleted files, no hang ---------------------
 
 
 @pytest.mark.parametrize(

@@ -259,7 +259,7 @@ def test_schedule_knobs_are_checked_when_planned(module, knobs, message):
         module.get_decode_schedule(2, 1, DEVICE, **knobs)
 
 
-# ---- second round (issue 45) --------------------------------------------------------------------------------
+# ---- scales, token bounds, tile configurations, overlapping outputs, devices, flags ------------------------
 BAD_CONFIGS = [(0, 16, 4, 1), (48, 16, 4, 1), ("16", 16, 4, 1), (16, 16, 3, 1), (16, 16, 4, 0), (True, 16, 4, 1),
                (16, 512, 4, 1), (16, 16, 4), "16,16,4,1"]  # fmt: skip
 
@@ -267,7 +267,7 @@ BAD_CONFIGS = [(0, 16, 4, 1), (48, 16, 4, 1), ("16", 16, 4, 1), (16, 16, 3, 1), 
 @pytest.mark.parametrize("scale", [1e300, -1e300, 2.0**64 * 1.001, -(2.0**65)])
 def test_finite_scales_that_overflow_float32_in_the_kernels_are_refused(module, scale):
     """|scale| * log2(e) must stay a finite float32, with room for the scores: past 2**64 a call is refused
-    (1e300 used to give all-NaN outputs from prefill and crash decode)."""
+    (1e300 would make prefill's outputs all NaN and crash decode)."""
     q, k_nope, k_pe, v, cu = mha(module, [3, 5])
     message = r"^softmax_scale: must be within \[-2\*\*64, 2\*\*64\] \(the kernels' float32 scales stay finite\), got "
     with pytest.raises(ValueError, match=message):
@@ -290,7 +290,7 @@ def test_the_largest_scale_allowed_gives_finite_outputs(module, scale):
 @pytest.mark.parametrize("validate", [None, False])
 @pytest.mark.parametrize("kernel", ["prefill", "chunked"])
 def test_max_seqlen_past_the_tokens_is_refused(module, kernel, validate):
-    """max_seqlen launches programs for that many tokens of every sequence: 200000 for 8 tokens used to launch
+    """max_seqlen launches programs for that many tokens of every sequence: 200000 for 8 tokens would launch
     them all (minutes in the interpreter). A host check, so also without validation."""
     q, k_nope, k_pe, v, cu = mha(module, [3, 5])
     message = "max_seqlen: 200000 is more than the number of tokens (8): must be in [longest sequence, 8]"
@@ -314,7 +314,7 @@ def test_prefill_config_is_checked_whole(module, kernel, config):
 
 
 def test_a_cache_of_no_pages_is_refused(module):
-    """A cache of zero pages (every sequence empty) used to reach Triton's TensorDescriptor (AssertionError)."""
+    """A cache of zero pages (every sequence empty) would reach Triton's TensorDescriptor (AssertionError)."""
     g = torch.Generator().manual_seed(6)
     empty = torch.empty(0, module.PAGE_SIZE, 1, 80, dtype=module.DTYPE, device=DEVICE)
     message = rf"^kv_cache: expected at least one page, got shape \(0, {module.PAGE_SIZE}, 1, 80\)$"

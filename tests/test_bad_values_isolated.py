@@ -99,7 +99,7 @@ CASES = {
     "decode length -2**31": ("decode(lengths=[-2**31, 9])", f"cache_seqlens[0] = -2147483648: {LENGTH}"),
     "chunked prefill page -1": ("chunked(table=[[1, -1], [0, 3]])", f"block_table[0, 1] = -1: {PAGE}"),
     "chunked prefill page past the pool": ("chunked(table=[[1, 2], [4, 3]])", f"block_table[1, 0] = 4: {PAGE}"),
-    # second round (issue 45): values that hung a call, crashed the interpreter or reached Triton's asserts
+    # values that would hang a call, crash the interpreter or reach Triton's asserts
     "prefill max_seqlen past the tokens": ("prefill([0, 3, 8], 200000)", f"max_seqlen: 200000 {PAST_TOKENS}"),
     "chunked prefill max_seqlen past the tokens": ("chunked(max_seqlen=200000)", f"max_seqlen: 200000 {PAST_TOKENS}"),
     "decode softmax_scale 1e300": (
