@@ -463,3 +463,19 @@ def test_flags_take_a_bool_only(module, flag, value):
     dq, kv, table, lengths = decode_args(module, [9, 11])
     with pytest.raises(ValueError, match=message):
         module.mla_decode(dq, kv, table, lengths, **{flag: value})
+
+
+def test_an_output_whose_elements_share_memory_is_refused(module):
+    """expand() gives a tensor whose rows are one row: every sequence's result would land on the same bytes."""
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    h, dv, dc = module.NUM_HEADS, module.V_HEAD_DIM, module.KV_LORA_RANK
+    message = r"^out: its elements overlap one another in memory \(a stride of 0, expand\(\)\): give it memory"
+    with pytest.raises(ValueError, match=message):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5, out=torch.empty(1, h, dv, dtype=module.DTYPE, device=DEVICE)
+                           .expand(8, h, dv))  # fmt: skip
+    dq, kv, table, lengths = decode_args(module, [9, 11])
+    with pytest.raises(ValueError, match=message):
+        module.mla_decode(dq, kv, table, lengths, out=torch.empty(1, 1, h, dc, dtype=module.DTYPE, device=DEVICE)
+                          .expand(2, 1, h, dc))  # fmt: skip
+    rows = torch.empty(8, h, 2 * dv, dtype=module.DTYPE, device=DEVICE)
+    module.mla_prefill(q, k_nope, k_pe, v, cu, 5, out=rows[:, :, dv:])  # strided, not overlapping: fine
