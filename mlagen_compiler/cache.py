@@ -48,7 +48,9 @@ __all__ = [
     "cache_dir",
     "cache_key",
     "cached_module_path",
+    "check_root",
     "clear_cache",
+    "foreign_paths",
     "list_entries",
     "load",
 ]
@@ -95,11 +97,21 @@ class CacheEntry:
     manifest: dict[str, Any]
 
 
+def _origin(root: Path) -> str:
+    return f"{CACHE_DIR_ENV}={root}" if os.environ.get(CACHE_DIR_ENV) else f"the cache directory {root}"
+
+
+def check_root(root: Path) -> None:
+    """A cache root that exists must be a directory: else a CacheError naming MLAGEN_CACHE_DIR (reading a
+    file as an empty cache would report 0 modules, and clearing it a raw errno)."""
+    if root.exists() and not root.is_dir():
+        raise CacheError(f"{_origin(root)} is a file, not a directory: point {CACHE_DIR_ENV} at a directory")
+
+
 def _root_dir(root: Path) -> None:
     """Create the cache root, or say in one line why it cannot be used (naming MLAGEN_CACHE_DIR)."""
-    origin = f"{CACHE_DIR_ENV}={root}" if os.environ.get(CACHE_DIR_ENV) else f"the cache directory {root}"
-    if root.exists() and not root.is_dir():
-        raise CacheError(f"{origin} is a file, not a directory: point {CACHE_DIR_ENV} at a directory")
+    origin = _origin(root)
+    check_root(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".write-test-{os.getpid()}"
@@ -259,11 +271,25 @@ def load(
 
 
 # ---- inspection (mlagen cache info | clear) -------------------------------------------------------------
+def _is_entry(directory: Path) -> bool:
+    """A cache entry is a directory holding a manifest.json file; anything else under modules/ is not the
+    cache's (a user's folder, a file) and is never listed as an entry nor removed."""
+    return directory.is_dir() and not directory.is_symlink() and (directory / MANIFEST).is_file()
+
+
+def _modules_dir(root: Path) -> Path | None:
+    check_root(root)
+    modules = root / "modules"
+    return modules if modules.is_dir() and not modules.is_symlink() else None
+
+
 def list_entries(root: str | Path | None = None) -> list[CacheEntry]:
+    """The cache's entries (directories with a manifest.json), intact or damaged; see `foreign_paths`."""
     root = Path(root) if root is not None else cache_dir()
+    modules = _modules_dir(root)
     entries = []
-    for directory in sorted((root / "modules").glob("*")):
-        if not directory.is_dir():
+    for directory in sorted(modules.glob("*")) if modules is not None else ():
+        if not _is_entry(directory):
             continue
         try:
             manifest = json.loads((directory / MANIFEST).read_text())
@@ -273,6 +299,14 @@ def list_entries(root: str | Path | None = None) -> list[CacheEntry]:
             manifest, module_path, key = {}, directory, ""
         entries.append(CacheEntry(key, directory, module_path, manifest))
     return entries
+
+
+def foreign_paths(root: str | Path | None = None) -> list[Path]:
+    """What stands under the cache's modules/ directory without being an entry (no manifest.json): left alone
+    by `clear_cache`."""
+    root = Path(root) if root is not None else cache_dir()
+    modules = _modules_dir(root)
+    return [path for path in sorted(modules.glob("*")) if not _is_entry(path)] if modules is not None else []
 
 
 def entry_is_intact(entry: CacheEntry) -> bool:
@@ -286,18 +320,28 @@ def directory_size(path: Path) -> int:
 def clear_cache(root: str | Path | None = None) -> int:
     """Remove every cached module (not the tuning database); returns how many entries were removed.
 
-    Each entry is removed under its lock, so a process building it at the same time is not disturbed.
+    Only entries go (directories with a manifest.json, see `list_entries`): whatever else stands under
+    modules/ is not the cache's and stays. Each entry is removed under its lock, so a process building it at
+    the same time is not disturbed.
     """
-    from filelock import FileLock
+    from filelock import FileLock, Timeout
 
     root = Path(root) if root is not None else cache_dir()
+    entries = list_entries(root)
+    if not entries:
+        return 0
     removed = 0
-    (root / "locks").mkdir(parents=True, exist_ok=True)
-    for directory in sorted((root / "modules").glob("*")):
-        if not directory.is_dir():
-            continue
-        with FileLock(str(root / "locks" / f"{directory.name}.lock"), timeout=LOCK_TIMEOUT_S):
-            shutil.rmtree(directory, ignore_errors=True)
-        removed += 1
+    locks = root / "locks"
+    try:
+        _own_dir(locks)
+        for entry in entries:
+            with FileLock(str(locks / f"{entry.directory.name}.lock"), timeout=LOCK_TIMEOUT_S):
+                if _is_entry(entry.directory):  # (another process may have removed it meanwhile)
+                    shutil.rmtree(entry.directory)
+                    removed += 1
+    except Timeout:
+        raise CacheError(f"could not lock a cache entry within {LOCK_TIMEOUT_S:.0f} s ({locks})") from None
+    except OSError as error:
+        raise CacheError(f"{_origin(root)}: cannot remove {error.filename} ({error.strerror or error})") from None
     # the lock files stay: deleting one that another process holds would let a third one in beside it
     return removed

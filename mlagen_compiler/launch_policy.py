@@ -17,6 +17,35 @@ MAX_NUM_PARTS = 65535
 DECODE_MERGES = ("fused", "kernel")
 
 
+#: the environment variables a generated module reads, each: name -> (allowed values, the value when unset
+#: or empty, what it does). env_knob checks a value against this table; `mlagen env` lists each.
+ENV_KNOBS = {
+    "MLAGEN_DECODE_BACKEND": (("auto", "gluon", "triton"), "auto", "decode backend (auto: Gluon where it runs)"),
+    "MLAGEN_DECODE_MERGE": (("auto", "fused", "kernel"), "auto", "how decode merges split sequences"),
+    "MLAGEN_DECODE_PDL": (("0", "1"), "1", "combine launch as a programmatic dependent launch"),
+    "MLAGEN_DECODE_TMA": (("0", "1"), "1", "decode cache tiles through TMA"),
+    "MLAGEN_PREFILL_TMA": (("0", "1"), "1", "prefill key/value tiles through TMA"),
+    "MLAGEN_DIRECT_LAUNCH": (("0", "1"), "1", "launch compiled kernels without Triton's dispatch"),
+    "MLAGEN_RAW_LAUNCH": (("0", "1"), "1", "launch through the compiled C launcher"),
+    "MLAGEN_VALIDATE": (("0", "1"), "0", "check index values on the GPU too (a synchronisation)"),
+    "MLAGEN_POISON_WORKSPACE": (("0", "1"), "0", "fill workspaces with NaN (tests)"),
+}
+
+
+def _choices(allowed):
+    return ", ".join(allowed[:-1]) + " or " + allowed[-1]
+
+
+def env_knob(name, value):
+    """The value of environment variable `name` of ENV_KNOBS given its text (None or blank: unset, then its
+    default); anything else than its allowed values is a ValueError naming the variable and the value."""
+    allowed, default, _ = ENV_KNOBS[name]
+    value = default if value is None or not value.strip() else value.strip()
+    if value not in allowed:
+        raise _policy_error(name, f"expected {_choices(allowed)}, got {value!r}")
+    return value
+
+
 def _policy_error(name, message):
     return ValueError(f"{name}: {message}")
 
@@ -40,13 +69,14 @@ def select_decode_backend(
     knobs_given=False,
     total_rows=None,
     latency_rows=0,
+    name="MLAGEN_DECODE_BACKEND",
 ):
     """(backend, reason): "gluon" where it can run and pays, else "triton" with the reason.
 
-    requested: "auto", "gluon" or "triton" (MLAGEN_DECODE_BACKEND or the call's backend=); forcing "gluon"
-    where it cannot run is an error naming why. eligible / ineligible_reason: the plan's geometry decision;
-    gluon_error: '' or why the installed Triton's Gluon cannot be used; capability: (major, minor) of the
-    CUDA device, or None off CUDA. "auto" also keeps the portable kernel when its knobs are given
+    requested: "auto", "gluon" or "triton" (MLAGEN_DECODE_BACKEND or the call's backend=, named by `name` in
+    an error); forcing "gluon" where it cannot run is an error naming why. eligible / ineligible_reason: the
+    plan's geometry decision; gluon_error: '' or why the installed Triton's Gluon cannot be used; capability:
+    (major, minor) of the CUDA device, or None off CUDA. "auto" also keeps the portable kernel when its knobs are given
     (knobs_given) or the whole batch has at most latency_rows query rows (B * H * Sq): measured on the
     H100 (S=8192, graph-replayed), B=1, H=16 ran 13.9 us portable against 21.9 us Gluon, B=8 47.7 Gluon
     against 58.8 us; with the Gluon kernel's narrow form (2026-11-25) B=1 13.3 against 16.2, B=8 39.5 Gluon
@@ -54,7 +84,7 @@ def select_decode_backend(
     15.5-15.6 against 16.2-21.6 with an fp8 cache: too close to move the rule.
     """
     if requested not in ("auto",) + DECODE_BACKENDS:
-        raise _policy_error("MLAGEN_DECODE_BACKEND", f"expected auto, gluon or triton, got {requested!r}")
+        raise _policy_error(name, f"expected auto, gluon or triton, got {requested!r}")
     if requested == "triton":
         return "triton", "MLAGEN_DECODE_BACKEND=triton"
     if not eligible:
@@ -74,7 +104,7 @@ def select_decode_backend(
     else:
         return "gluon", ""
     if requested == "gluon":
-        raise _policy_error("MLAGEN_DECODE_BACKEND", f"'gluon' cannot run here: {why}")
+        raise _policy_error(name, f"'gluon' cannot run here: {why}")
     return "triton", why
 
 
@@ -418,13 +448,56 @@ def check_decode_config(config):
     )
     if ok:
         block_n, num_warps, num_stages = config
-        ok = block_n >= 16 and next_pow2(block_n) == block_n and num_warps in (1, 2, 4, 8, 16) and num_stages >= 1
+        ok = 16 <= block_n <= 256 and next_pow2(block_n) == block_n and num_warps in (1, 2, 4, 8, 16)
+        ok = ok and 1 <= num_stages <= 6
     if not ok:
         raise _policy_error(
             "config",
-            f"expected (block_n: a power of two >= 16, num_warps: 1..16, a power of two, num_stages >= 1), "
+            f"expected (block_n: a power of two in 16..256, num_warps: 1, 2, 4, 8 or 16, num_stages: 1..6), "
             f"got {config!r}",
         )
+    return tuple(config)
+
+
+def check_prefill_config(config):
+    """(block_m, block_n, num_warps, num_stages) as a tuple of ints a prefill launch can take, else a
+    ValueError naming it."""
+    ok = (
+        isinstance(config, (tuple, list))
+        and len(config) == 4
+        and all(isinstance(v, int) and not isinstance(v, bool) for v in config)
+    )
+    if ok:
+        block_m, block_n, num_warps, num_stages = config
+        ok = (
+            all(16 <= v <= 256 and next_pow2(v) == v for v in (block_m, block_n))
+            and num_warps in (1, 2, 4, 8, 16)
+            and 1 <= num_stages <= 6
+        )
+    if not ok:
+        raise _policy_error(
+            "config",
+            f"expected (block_m, block_n: powers of two in 16..256, num_warps: 1, 2, 4, 8 or 16, num_stages: "
+            f"1..6), got {config!r}",
+        )
+    return tuple(config)
+
+
+def check_tuned_config(kernel, bucket, config):
+    """A tuned configuration as a launch takes it (decode: see check_decode_config; the Gluon bucket: (block_n,
+    registers, stages) of positive ints; prefill: see check_prefill_config), else a ValueError."""
+    if kernel not in ("decode", "prefill"):
+        raise _policy_error("kernel", f"expected decode or prefill, got {kernel!r}")
+    if kernel == "prefill":
+        return check_prefill_config(config)
+    if bucket != DECODE_GLUON_BUCKET:
+        return check_decode_config(config)
+    if not (
+        isinstance(config, (tuple, list))
+        and len(config) == 3
+        and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in config)
+    ):
+        raise _policy_error("config", f"expected (block_n, registers, stages) of ints >= 1, got {config!r}")
     return tuple(config)
 
 

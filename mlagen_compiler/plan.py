@@ -95,15 +95,9 @@ def next_pow2(value: int) -> int:
 
 
 def softmax_scale_of(spec: MLASpec) -> float:
-    """1/sqrt(Dn+Dr), times DeepSeek-V3's YaRN mscale^2 when rope_scaling asks for it."""
-    if spec.softmax_scale is not None:
-        return float(spec.softmax_scale)
-    scale = (spec.qk_nope_head_dim + spec.qk_rope_head_dim) ** -0.5
-    rope = spec.rope_scaling
-    if rope is not None and rope.mscale_all_dim and rope.factor > 1:
-        mscale = 0.1 * rope.mscale_all_dim * math.log(rope.factor) + 1.0
-        scale *= mscale * mscale
-    return scale
+    """1/sqrt(Dn+Dr), times DeepSeek-V3's YaRN mscale^2 when rope_scaling asks for it (see
+    MLASpec.derived_softmax_scale: the spec checks it against its bounds when it is validated)."""
+    return spec.derived_softmax_scale()
 
 
 @dataclass(frozen=True, order=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from .paths import bundled_spec_dir
 from .plan import emitted_kinds
-from .spec import MLASpec, SpecError, load_spec
+from .spec import MLASpec, SpecError, brief_repr, load_spec
 
 __all__ = ["registered_specs", "resolve_kernel", "resolve_spec", "spec_dirs"]
 
@@ -60,7 +60,8 @@ def resolve_kernel(arg: str | Path | MLASpec, extra_dirs: Iterable[str | Path] =
         return arg, None
     if not isinstance(arg, (str, os.PathLike)):
         raise TypeError(
-            f"spec: expected a registered spec name, a YAML path or an MLASpec, got {type(arg).__name__} {arg!r}"
+            f"spec: expected a registered spec name, a YAML path or an MLASpec, got {type(arg).__name__} "
+            f"{brief_repr(arg)}"
         )
     path = Path(arg)
     if path.suffix in (".yaml", ".yml") or path.is_file():

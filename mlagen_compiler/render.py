@@ -13,6 +13,7 @@ import hashlib
 import json
 import pprint
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from . import launch_policy
 from ._version import __version__
 from .paths import template_dir
 from .plan import KernelPlan, emitted_kinds
+from .spec import SOFTMAX_SCALE_CALL_MAX, brief_repr
 from .triton_support import TRITON_BELOW, TRITON_MIN, unsupported_message
 
 __all__ = ["render_module", "templates_digest"]
@@ -82,7 +84,31 @@ def tuning_source(tuned: dict[str, Any] | None) -> str:
     return f"{counts} (tuning database entries measured on {', '.join(gpus) or 'an unnamed GPU'})"
 
 
+def _checked_tuned(tuned: Any) -> dict[str, Any]:
+    """Tuned configurations as render takes them ({kernel: {"<arch>|<gpu>|<bucket>": config}}), each checked as
+    a launch would take it: a bad one is a ValueError naming where it is, never a module that fails at a call."""
+    if tuned is None:
+        return {}
+    if not isinstance(tuned, Mapping):
+        raise ValueError(f"tuned: expected {{kernel: {{'<arch>|<gpu>|<bucket>': config}}}}, got {brief_repr(tuned)}")
+    for kernel, table in tuned.items():
+        if not isinstance(table, Mapping):
+            raise ValueError(
+                f"tuned[{kernel!r}]: expected a mapping of '<arch>|<gpu>|<bucket>' keys, got {brief_repr(table)}"
+            )
+        for key, config in table.items():
+            parts = key.split("|") if isinstance(key, str) else []
+            if len(parts) != 3 or not all(parts):
+                raise ValueError(f"tuned[{kernel!r}]: key {brief_repr(key)} is not '<arch>|<gpu>|<bucket>'")
+            try:
+                launch_policy.check_tuned_config(kernel, parts[2], config)
+            except ValueError as error:
+                raise ValueError(f"tuned[{kernel!r}][{key!r}]: {error}") from None
+    return dict(tuned)
+
+
 def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dict[str, Any]:
+    tuned = _checked_tuned(tuned)
     spec = plan.spec
     context: dict[str, Any] = {
         "version": __version__,
@@ -102,6 +128,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "cache_dtype": plan.cache_dtype,
         "cache_scaled": plan.cache_scaled,
         "softmax_scale": repr(plan.softmax_scale),
+        "softmax_scale_max": repr(SOFTMAX_SCALE_CALL_MAX),
         "interpreter_sm_count": INTERPRETER_SM_COUNT,
         "triton_min": repr(TRITON_MIN),
         "triton_below": repr(TRITON_BELOW),

@@ -54,7 +54,7 @@ from .launch_policy import DECODE_GLUON_BUCKET
 from .paths import cache_dir, shipped_tuning_dir
 from .plan import lower
 from .registry import resolve_spec
-from .spec import MLASpec
+from .spec import MLASpec, unique_json_keys
 from .triton_support import triton_version
 
 __all__ = [
@@ -183,7 +183,8 @@ def _check_entry(entry: Any, where: str) -> dict[str, Any]:
         if key in entry and not isinstance(entry[key], str):
             raise TuningDBError(f"{where}: {key} must be a string, got {entry[key]!r}")
     config = entry["config"]
-    if not (isinstance(config, list) and config and all(isinstance(v, int) for v in config)):
+    # (whether a launch takes it is checked where it is rendered into a module: render's _checked_tuned)
+    if not (isinstance(config, list) and config and all(type(v) is int for v in config)):
         raise TuningDBError(f"{where}: config must be a list of integers, got {config!r}")
     return entry
 
@@ -197,9 +198,11 @@ def _read_entries(path: Path, schema: int) -> list[Any]:
     except OSError as error:
         raise TuningDBError(f"{path}: cannot read tuning database ({error.strerror})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=unique_json_keys)
     except json.JSONDecodeError as error:
         raise TuningDBError(f"{path}: not valid JSON ({error.msg} at line {error.lineno})") from None
+    except ValueError as error:  # a key given twice
+        raise TuningDBError(f"{path}: not valid JSON ({error})") from None
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise TuningDBError(f"{path}: not a tuning database (expected an object with an 'entries' list)")
     if data.get("schema") != schema:

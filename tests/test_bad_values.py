@@ -250,10 +250,232 @@ def test_a_schedule_is_immutable_and_only_its_own_module_takes_it(module, build_
     ("knobs", "message"),
     [
         (dict(num_parts=10**8), r"^num_parts: must be an int in 1\.\.65535, got 100000000$"),
-        (dict(config=(48, 8, 2)), r"^config: expected \(block_n: a power of two >= 16"),
+        (dict(config=(48, 8, 2)), r"^config: expected \(block_n: a power of two in 16\.\.256"),
         (dict(min_blocks_per_part=0), r"^min_blocks_per_part: must be an int >= 1, got 0$"),
     ],
 )
 def test_schedule_knobs_are_checked_when_planned(module, knobs, message):
     with pytest.raises(ValueError, match=message):
         module.get_decode_schedule(2, 1, DEVICE, **knobs)
+
+
+# ---- scales, token bounds, tile configurations, overlapping outputs, devices, flags ------------------------
+BAD_CONFIGS = [(0, 16, 4, 1), (48, 16, 4, 1), ("16", 16, 4, 1), (16, 16, 3, 1), (16, 16, 4, 0), (True, 16, 4, 1),
+               (16, 512, 4, 1), (16, 16, 4), "16,16,4,1"]  # fmt: skip
+
+
+@pytest.mark.parametrize("scale", [1e300, -1e300, 2.0**64 * 1.001, -(2.0**65)])
+def test_finite_scales_that_overflow_float32_in_the_kernels_are_refused(module, scale):
+    """|scale| * log2(e) must stay a finite float32, with room for the scores: past 2**64 a call is refused
+    (1e300 would make prefill's outputs all NaN and crash decode)."""
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    message = r"^softmax_scale: must be within \[-2\*\*64, 2\*\*64\] \(the kernels' float32 scales stay finite\), got "
+    with pytest.raises(ValueError, match=message):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5, softmax_scale=scale)
+    dq, kv, table, lengths = decode_args(module, [9, 11])
+    with pytest.raises(ValueError, match=message):
+        module.mla_decode(dq, kv, table, lengths, softmax_scale=scale)
+
+
+@pytest.mark.parametrize("scale", [2.0**64, -(2.0**64)])
+def test_the_largest_scale_allowed_gives_finite_outputs(module, scale):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    out, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, 5, softmax_scale=scale, return_lse=True)
+    assert out.isfinite().all() and lse.isfinite().all()
+    dq, kv, table, lengths = decode_args(module, [9, 11])
+    out, lse = module.mla_decode(dq, kv, table, lengths, softmax_scale=scale, return_lse=True)
+    assert out.isfinite().all() and lse.isfinite().all()
+
+
+@pytest.mark.parametrize("validate", [None, False])
+@pytest.mark.parametrize("kernel", ["prefill", "chunked"])
+def test_max_seqlen_past_the_tokens_is_refused(module, kernel, validate):
+    """max_seqlen launches programs for that many tokens of every sequence: 200000 for 8 tokens would launch
+    them all (minutes in the interpreter). A host check, so also without validation."""
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    message = "max_seqlen: 200000 is more than the number of tokens (8): must be in [longest sequence, 8]"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        if kernel == "prefill":
+            module.mla_prefill(q, k_nope, k_pe, v, cu, 200000, validate=validate)
+        else:
+            module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 200000, *chunked_extras(module, 2), validate=validate)
+
+
+@pytest.mark.parametrize("config", BAD_CONFIGS)
+@pytest.mark.parametrize("kernel", ["prefill", "chunked"])
+def test_prefill_config_is_checked_whole(module, kernel, config):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    message = r"^config: expected \(block_m, block_n: powers of two in 16\.\.256, num_warps: 1, 2, 4, 8 or 16, "
+    with pytest.raises(ValueError, match=message):
+        if kernel == "prefill":
+            module.mla_prefill(q, k_nope, k_pe, v, cu, 5, config=config)
+        else:
+            module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, *chunked_extras(module, 2), config=config)
+
+
+def test_a_cache_of_no_pages_is_refused(module):
+    """A cache of zero pages (every sequence empty) would reach Triton's TensorDescriptor (AssertionError)."""
+    g = torch.Generator().manual_seed(6)
+    empty = torch.empty(0, module.PAGE_SIZE, 1, 80, dtype=module.DTYPE, device=DEVICE)
+    message = rf"^kv_cache: expected at least one page, got shape \(0, {module.PAGE_SIZE}, 1, 80\)$"
+    dq = torch.randn(2, 1, module.NUM_HEADS, 80, generator=g).to(module.DTYPE).to(DEVICE)
+    zeros = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=message):
+        module.mla_decode(dq, empty, torch.zeros(2, 1, dtype=torch.int32, device=DEVICE), zeros)
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    _, _, _, w_uk, w_uv = chunked_extras(module, 2)
+    with pytest.raises(ValueError, match=message):
+        module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, empty, torch.zeros(2, 1, dtype=torch.int32,
+                                   device=DEVICE), zeros, w_uk, w_uv)  # fmt: skip
+    with pytest.raises(ValueError, match=message):
+        module.mla_cache_write(torch.randn(3, 64).to(module.DTYPE).to(DEVICE), torch.randn(3, 16).to(module.DTYPE)
+                               .to(DEVICE), empty, torch.full((3,), -1, device=DEVICE))  # fmt: skip
+
+
+def test_meta_tensors_are_refused_by_name(module):
+    message = r": a meta tensor holds no data: the kernels need CUDA tensors"
+    meta = torch.device("meta")
+    dq, kv, table, lengths = (t.to(meta) for t in decode_args(module, [9, 11]))
+    with pytest.raises(ValueError, match="^q" + message):
+        module.mla_decode(dq, kv, table, lengths)
+    with pytest.raises(ValueError, match="^device" + message):
+        module.get_decode_schedule(2, 1, meta)
+    q, k_nope, k_pe, v, cu = (t.to(meta) for t in mha(module, [3, 5]))
+    with pytest.raises(ValueError, match="^q" + message):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5)
+    with pytest.raises(ValueError, match="^c_kv" + message):
+        rows = torch.empty(3, 80, dtype=module.DTYPE, device=meta)
+        module.mla_cache_write(rows[:, :64], rows[:, 64:], kv, torch.zeros(3, dtype=torch.int64, device=meta))
+    o = torch.empty(8, module.NUM_HEADS, module.V_HEAD_DIM, device=meta)
+    lse = torch.empty(module.NUM_HEADS, 8, device=meta)
+    with pytest.raises(ValueError, match="^prefix_output" + message):
+        module.merge_attn_states(o, lse, o, lse)
+
+
+def test_prefill_outputs_that_overlap_each_other_or_an_input_are_refused(module):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    h, dv = module.NUM_HEADS, module.V_HEAD_DIM
+    buffer = torch.empty(8 * h * dv * 2 + 64, dtype=torch.uint8, device=DEVICE)
+    out = buffer[: 8 * h * dv * 2].view(module.DTYPE).view(8, h, dv)
+    lse_over_out = buffer[64 : 64 + 8 * h * 4].view(torch.float32).view(h, 8)
+    with pytest.raises(ValueError, match=r"^out: overlaps lse in memory: give out memory of its own$"):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5, out=out, lse=lse_over_out)
+    with pytest.raises(ValueError, match=r"^out: overlaps v in memory"):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5, out=v[:, :, :dv])
+    with pytest.raises(ValueError, match=r"^lse: overlaps q in memory"):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5, lse=q.view(torch.float32).reshape(-1)[: h * 8].view(h, 8))
+    # disjoint parts of one buffer are fine, and the results are those of fresh outputs
+    apart = torch.empty(8 * h * dv * 2 + 8 * h * 4, dtype=torch.uint8, device=DEVICE)
+    out = apart[: 8 * h * dv * 2].view(module.DTYPE).view(8, h, dv).fill_(float("nan"))
+    lse = apart[8 * h * dv * 2 :].view(torch.float32).view(h, 8).fill_(float("nan"))
+    module.mla_prefill(q, k_nope, k_pe, v, cu, 5, out=out, lse=lse)
+    want, want_lse = module.mla_prefill(q, k_nope, k_pe, v, cu, 5, return_lse=True)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    torch.testing.assert_close(lse, want_lse, atol=0, rtol=0)
+
+
+def test_chunked_prefill_and_merge_outputs_that_overlap_are_refused(module):
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    extras = chunked_extras(module, 2)
+    with pytest.raises(ValueError, match=r"^out: overlaps v in memory"):
+        module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, *extras, out=v)
+    o, lse = module.mla_prefill(q, k_nope, k_pe, v, cu, 5, return_lse=True)
+    with pytest.raises(ValueError, match=r"^out: overlaps prefix_output in memory"):
+        module.merge_attn_states(o, lse, o.clone(), lse.clone(), out=o)
+    with pytest.raises(ValueError, match=r"^out_lse: overlaps suffix_lse in memory"):
+        suffix_lse = lse.clone()
+        module.merge_attn_states(o, lse, o.clone(), suffix_lse, out_lse=suffix_lse)
+
+
+def test_decode_outputs_that_overlap_are_refused_on_the_first_and_later_calls(module):
+    dq, kv, table, lengths = decode_args(module, [9, 11])
+    h, dc = module.NUM_HEADS, module.KV_LORA_RANK
+    schedule = module.get_decode_schedule(2, 1, DEVICE)
+    out = torch.empty(2, 1, h, dc, dtype=module.DTYPE, device=DEVICE)
+    lse_over_out = out.view(torch.float32).reshape(-1)[: 2 * h].view(2, h, 1)
+    with pytest.raises(ValueError, match=r"^out: overlaps lse in memory"):
+        module.mla_decode(dq, kv, table, lengths, schedule=schedule, out=out, lse=lse_over_out)
+    with pytest.raises(ValueError, match=r"^out: overlaps q in memory"):
+        module.mla_decode(dq, kv, table, lengths, schedule=schedule, out=dq[..., :dc])
+    # a first call with buffers of their own prepares the launches; a later one of the same layouts whose
+    # buffers overlap takes the prepared path, which checks them too while validating
+    lse = torch.empty(2, h, 1, dtype=torch.float32, device=DEVICE)
+    module.mla_decode(dq, kv, table, lengths, schedule=schedule, out=out, lse=lse)
+    module.mla_decode(dq, kv, table, lengths, schedule=schedule, out=out, lse=lse)
+    twin = torch.empty(2 * h * dc * 2 + 2 * h * 4, dtype=torch.uint8, device=DEVICE)
+    out2 = twin[: 2 * h * dc * 2].view(module.DTYPE).view(2, 1, h, dc)
+    lse2 = twin[16 : 16 + 2 * h * 4].view(torch.float32).view(2, h, 1)
+    with pytest.raises(ValueError, match=r"^out: overlaps lse in memory"):
+        module.mla_decode(dq, kv, table, lengths, schedule=schedule, out=out2, lse=lse2)
+
+
+def test_cache_write_into_its_own_input_is_refused(module):
+    g = torch.Generator().manual_seed(8)
+    cache = torch.randn(3, module.PAGE_SIZE, 1, 80, generator=g).to(module.DTYPE).to(DEVICE)
+    c_kv = cache[0, :3, 0, :64]  # rows of the cache itself
+    k_pe = torch.randn(3, 16, generator=g).to(module.DTYPE).to(DEVICE)
+    with pytest.raises(ValueError, match=r"^kv_cache: overlaps c_kv in memory"):
+        module.mla_cache_write(c_kv, k_pe, cache, torch.tensor([4, 5, 6], device=DEVICE))
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((True, 1), {}, "batch_size: must be an int >= 1, got True"),
+        ((2, True), {}, "seqlen_q: must be an int >= 1, got True"),
+        ((2.0, 1), {}, "batch_size: must be an int >= 1, got 2.0"),
+        ((2, 1), {"backend": "cuda"}, "backend: expected auto, gluon or triton, got 'cuda'"),
+        ((2, 1), {"merge": "both"}, "merge: expected auto, fused or kernel, got 'both'"),
+    ],
+)
+def test_schedule_arguments_name_themselves(module, args, kwargs, message):
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        module.get_decode_schedule(*args, DEVICE, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("MLAGEN_DECODE_BACKEND", "cuda", "MLAGEN_DECODE_BACKEND: expected auto, gluon or triton, got 'cuda'"),
+        ("MLAGEN_DECODE_MERGE", "both", "MLAGEN_DECODE_MERGE: expected auto, fused or kernel, got 'both'"),
+    ],
+)
+def test_schedule_environment_knobs_name_the_variable(module, monkeypatch, name, value, message):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        module.get_decode_schedule(2, 1, DEVICE)
+    monkeypatch.setenv(name, "")  # blank: unset
+    module.get_decode_schedule(2, 1, DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"), [("validate", "no"), ("validate", 1), ("return_lse", "yes"), ("return_lse", 0)]
+)
+def test_flags_take_a_bool_only(module, flag, value):
+    """A string (truthy even when it says "no") or a number for an on/off argument is an error naming it."""
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    allowed = "None, True or False" if flag == "validate" else "True or False"
+    message = f"^{flag}: expected {allowed}, got {re.escape(repr(value))}$"
+    with pytest.raises(ValueError, match=message):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5, **{flag: value})
+    with pytest.raises(ValueError, match=message):
+        module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, *chunked_extras(module, 2), **{flag: value})
+    dq, kv, table, lengths = decode_args(module, [9, 11])
+    with pytest.raises(ValueError, match=message):
+        module.mla_decode(dq, kv, table, lengths, **{flag: value})
+
+
+def test_an_output_whose_elements_share_memory_is_refused(module):
+    """expand() gives a tensor whose rows are one row: every sequence's result would land on the same bytes."""
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    h, dv, dc = module.NUM_HEADS, module.V_HEAD_DIM, module.KV_LORA_RANK
+    message = r"^out: its elements overlap one another in memory \(a stride of 0, expand\(\)\): give it memory"
+    with pytest.raises(ValueError, match=message):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5, out=torch.empty(1, h, dv, dtype=module.DTYPE, device=DEVICE)
+                           .expand(8, h, dv))  # fmt: skip
+    dq, kv, table, lengths = decode_args(module, [9, 11])
+    with pytest.raises(ValueError, match=message):
+        module.mla_decode(dq, kv, table, lengths, out=torch.empty(1, 1, h, dc, dtype=module.DTYPE, device=DEVICE)
+                          .expand(2, 1, h, dc))  # fmt: skip
+    rows = torch.empty(8, h, 2 * dv, dtype=module.DTYPE, device=DEVICE)
+    module.mla_prefill(q, k_nope, k_pe, v, cu, 5, out=rows[:, :, dv:])  # strided, not overlapping: fine

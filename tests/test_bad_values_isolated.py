@@ -82,6 +82,11 @@ TOKEN_BOUNDS = [  # (cu_seqlens, max_seqlen, message) over 8 new tokens in two s
     ("max_seqlen 0", [0, 3, 8], 0, "max_seqlen: 0 is less than the longest sequence (5 tokens)"),
     ("max_seqlen True", [0, 3, 8], True, "max_seqlen: must be an int >= 0, got True"),
 ]
+PAST_TOKENS = "is more than the number of tokens (8): must be in [longest sequence, 8]"
+SCALE_BOUND = "must be within [-2**64, 2**64] (the kernels' float32 scales stay finite)"
+META = ("a meta tensor holds no data: the kernels need CUDA tensors (or CPU tensors under TRITON_INTERPRET=1); "
+        "torch.compile's fake tensors go through the module's ops")  # fmt: skip
+PREFILL_CONFIG = "expected (block_m, block_n: powers of two in 16..256, num_warps: 1, 2, 4, 8 or 16, num_stages: 1..6)"
 CASES = {
     **{f"prefill {name}": (f"prefill({cu}, {n})", msg) for name, cu, n, msg in TOKEN_BOUNDS},
     **{f"chunked prefill {name}": (f"chunked({cu}, {n})", msg) for name, cu, n, msg in TOKEN_BOUNDS},
@@ -94,6 +99,39 @@ CASES = {
     "decode length -2**31": ("decode(lengths=[-2**31, 9])", f"cache_seqlens[0] = -2147483648: {LENGTH}"),
     "chunked prefill page -1": ("chunked(table=[[1, -1], [0, 3]])", f"block_table[0, 1] = -1: {PAGE}"),
     "chunked prefill page past the pool": ("chunked(table=[[1, 2], [4, 3]])", f"block_table[1, 0] = 4: {PAGE}"),
+    # values that would hang a call, crash the interpreter or reach Triton's asserts
+    "prefill max_seqlen past the tokens": ("prefill([0, 3, 8], 200000)", f"max_seqlen: 200000 {PAST_TOKENS}"),
+    "chunked prefill max_seqlen past the tokens": ("chunked(max_seqlen=200000)", f"max_seqlen: 200000 {PAST_TOKENS}"),
+    "decode softmax_scale 1e300": (
+        "m.mla_decode(rand(2, 1, H, DC + DR), pool(4), i32(TABLE), i32(LENGTHS), softmax_scale=1e300)",
+        f"softmax_scale: {SCALE_BOUND}, got 1e+300",
+    ),
+    "prefill softmax_scale -1e300": (
+        "m.mla_prefill(*mha(), i32([0, 3, 8]), 5, softmax_scale=-1e300)",
+        f"softmax_scale: {SCALE_BOUND}, got -1e+300",
+    ),
+    "decode cache of no pages": (
+        "m.mla_decode(rand(2, 1, H, DC + DR), pool(0), i32([[0], [0]]), i32([0, 0]))",
+        "kv_cache: expected at least one page, got shape (0, 64, 1, 576)",
+    ),
+    "decode meta tensors": (
+        "m.mla_decode(*(t.to('meta') for t in (rand(2, 1, H, DC + DR), pool(4), i32(TABLE), i32(LENGTHS))))",
+        f"q: {META}",
+    ),
+    "prefill config of 3 warps": (
+        "m.mla_prefill(*mha(), i32([0, 3, 8]), 5, config=(16, 16, 3, 1))",
+        f"config: {PREFILL_CONFIG}, got (16, 16, 3, 1)",
+    ),
+    "decode out and lse overlapping": (
+        "o = torch.empty(2, 1, H, DC, dtype=m.DTYPE); m.mla_decode(rand(2, 1, H, DC + DR), pool(4), i32(TABLE), "
+        "i32(LENGTHS), out=o, lse=o.view(torch.float32).reshape(-1)[:2 * H].view(2, H, 1))",
+        "out: overlaps lse in memory: give out memory of its own",
+    ),
+    "get_decode_schedule backend cuda": (
+        "m.get_decode_schedule(2, 1, backend='cuda')",
+        "backend: expected auto, gluon or triton, got 'cuda'",
+    ),
+    "get_decode_schedule batch True": ("m.get_decode_schedule(True, 1)", "batch_size: must be an int >= 1, got True"),
 }
 
 

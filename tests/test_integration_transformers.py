@@ -744,3 +744,30 @@ def test_torch_compile_traces_patched_attention_without_graph_breaks(modes):
     cache = PagedMLACache(model, max_batch_size=2, max_cache_len=24)
     check_steps(model, reference, cache, (6, 1, 5), batch=2, seed=15, dtype=dtype)
     assert modes == ["prefill", "decode", "chunked"]
+
+
+def test_a_cache_of_another_patched_model_is_one_clear_error():
+    """A PagedMLACache made for a model of fewer layers (or another spec) is refused by name, before any layer
+    indexes past its caches."""
+    model = patched(tiny_v3(seed=12), torch.float16)
+    smaller = patched(tiny_v3(seed=12, num_hidden_layers=1), torch.float16)
+    other_page = patched(tiny_v3(seed=12), torch.float16, page_size=32)
+    ids = torch.randint(1, VOCAB, (1, 4))
+    with torch.no_grad():
+        cache = PagedMLACache(smaller, max_batch_size=1, max_cache_len=8)
+        layers = len(model.model.layers)
+        with pytest.raises(
+            ValueError,
+            match=rf"^cache \(past_key_values\): a PagedMLACache of 1 layer\(s\), the "
+            rf"patched model has {layers} attention layers: make it with PagedMLACache\(model",
+        ):
+            model(ids, past_key_values=cache)
+        with pytest.raises(ValueError, match="a PagedMLACache of 1 layer"), hf.planned_step(model, cache, batch_size=1):
+            pass
+        cache = PagedMLACache(other_page, max_batch_size=1, max_cache_len=8)
+        with pytest.raises(
+            ValueError,
+            match=r"^cache \(past_key_values\): a PagedMLACache for spec '.*', the model is "
+            r"patched with '.*'",
+        ):
+            model(ids, past_key_values=cache)

@@ -128,9 +128,13 @@ def test_config_accepted(config):
     assert lp.check_decode_config(config) == tuple(config)
 
 
-@pytest.mark.parametrize("config", [(64, 8), (48, 8, 2), (8, 4, 1), (64, 3, 2), (64, 8, 0), (64.0, 8, 2), None, "64"])
+@pytest.mark.parametrize(
+    "config",
+    [(64, 8), (48, 8, 2), (8, 4, 1), (64, 3, 2), (64, 8, 0), (64.0, 8, 2), None, "64", (512, 4, 2), (64, 4, 7),
+     (True, 4, 2), (64, 4, True)],
+)  # fmt: skip
 def test_config_refused(config):
-    with pytest.raises(ValueError, match=r"^config: expected \(block_n: a power of two >= 16"):
+    with pytest.raises(ValueError, match=r"^config: expected \(block_n: a power of two in 16\.\.256"):
         lp.check_decode_config(config)
 
 

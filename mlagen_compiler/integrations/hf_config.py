@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from ..plan import softmax_scale_of
-from ..spec import SCALED_CACHE_DTYPES, MLASpec, SpecError, spec_from_dict
+from ..spec import SCALED_CACHE_DTYPES, MLASpec, SpecError, brief_repr, spec_from_dict, unique_json_keys
 
 __all__ = ["hf_softmax_scale", "read_hf_config", "spec_from_config", "spec_yaml"]
 
@@ -35,6 +35,23 @@ def _field(config: Any, name: str, default: Any = None) -> Any:
     return getattr(config, name, default)
 
 
+def _int_field(config: Any, name: str) -> int | None:
+    """An integer field of the config (None when absent or null): a bool, a float (128.7, or 128.0) or a
+    string is an error naming it, never truncated to an int."""
+    value = _field(config, name)
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise SpecError(f"config: {name}={brief_repr(value)} is not allowed: must be an integer")
+
+
+def _number(rope: Mapping[str, Any], name: str, default: float | None = None) -> float:
+    """A number of the rope block (an int or a finite float; not a bool, a string or null), as a float."""
+    value = rope.get(name, default)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return float(value)
+    raise SpecError(f"config: rope_scaling.{name}={brief_repr(value)} is not allowed: must be a finite number")
+
+
 def _rope_parameters(config: Any) -> dict[str, Any]:
     """The rope block: transformers 5 names it rope_parameters, older config.json files rope_scaling."""
     rope = _field(config, "rope_parameters") or _field(config, "rope_scaling") or {}
@@ -42,6 +59,9 @@ def _rope_parameters(config: Any) -> dict[str, Any]:
         raise SpecError(f"config: rope_parameters must be a mapping, got {type(rope).__name__}")
     rope = dict(rope)
     rope.setdefault("rope_type", rope.get("type", "default"))
+    if not isinstance(rope["rope_type"], str):
+        shown = brief_repr(rope["rope_type"])
+        raise SpecError(f"config: rope_scaling.rope_type={shown} is not allowed: must be a string")
     return rope
 
 
@@ -51,12 +71,16 @@ def _yarn_mscale(factor: float, mscale: float) -> float:
 
 def hf_softmax_scale(config: Any) -> float:
     """The softmax scale transformers' DeepSeek-V2/V3 attention uses for this config (YaRN mscale^2 included)."""
-    scale = (int(_field(config, "qk_nope_head_dim")) + int(_field(config, "qk_rope_head_dim"))) ** -0.5
+    dims = [_int_field(config, name) or 0 for name in ("qk_nope_head_dim", "qk_rope_head_dim")]
+    if sum(dims) <= 0:
+        raise SpecError(f"config: qk_nope_head_dim + qk_rope_head_dim must be > 0, got {dims}")
+    scale = sum(dims) ** -0.5
     rope = _rope_parameters(config)
-    mscale_all_dim = rope.get("mscale_all_dim", 0)
-    if rope["rope_type"] != "default" and mscale_all_dim:
-        mscale = _yarn_mscale(float(rope["factor"]), float(mscale_all_dim))
-        scale *= mscale * mscale
+    if rope["rope_type"] != "default" and rope.get("mscale_all_dim") is not None:
+        mscale_all_dim = _number(rope, "mscale_all_dim")
+        if mscale_all_dim:
+            mscale = _yarn_mscale(_number(rope, "factor"), mscale_all_dim)
+            scale *= mscale * mscale
     return scale
 
 
@@ -91,7 +115,9 @@ def spec_from_config(
         )
     if isinstance(tp_size, bool) or not isinstance(tp_size, int) or tp_size < 1:
         raise SpecError(f"tp_size={tp_size!r} is not allowed: must be an int >= 1")
-    heads = int(_field(config, "num_attention_heads"))
+    heads = _int_field(config, "num_attention_heads")
+    if heads < 1:
+        raise SpecError(f"config: num_attention_heads={heads} is not allowed: must be >= 1")
     if heads % tp_size:
         divisors = [d for d in range(1, heads + 1) if heads % d == 0]
         raise SpecError(
@@ -109,15 +135,11 @@ def spec_from_config(
     if name is None:
         model_type = str(_field(config, "model_type") or "mla").lower().replace("_", "-")
         name = f"{model_type}-tp{tp_size}" + ("-fp8" if cache_name in SCALED_CACHE_DTYPES else "")
-    q_lora_rank = _field(config, "q_lora_rank")
     fields: dict[str, Any] = {
         "name": name,
         "num_heads": heads // tp_size,
-        "kv_lora_rank": int(_field(config, "kv_lora_rank")),
-        "qk_rope_head_dim": int(_field(config, "qk_rope_head_dim")),
-        "qk_nope_head_dim": int(_field(config, "qk_nope_head_dim")),
-        "v_head_dim": int(_field(config, "v_head_dim")),
-        "q_lora_rank": None if q_lora_rank is None else int(q_lora_rank),
+        **{field: _int_field(config, field) for field in _REQUIRED[1:]},
+        "q_lora_rank": _int_field(config, "q_lora_rank"),
         "dtype": dtype_name,
         "cache_dtype": cache_name,
         "page_size": page_size,
@@ -125,7 +147,7 @@ def spec_from_config(
     }
     scale = hf_softmax_scale(config)
     rope = _rope_parameters(config)
-    if rope["rope_type"] == "yarn" and rope.get("mscale_all_dim"):
+    if rope["rope_type"] == "yarn" and rope.get("mscale_all_dim"):  # (checked a number by hf_softmax_scale)
         # the readable form, as in the bundled specs; the check below proves it gives the model's scale
         keys = ("factor", "mscale", "mscale_all_dim", "original_max_position_embeddings", "beta_fast", "beta_slow")
         fields["rope_scaling"] = {"type": "yarn", **{k: rope[k] for k in keys if rope.get(k) is not None}}
@@ -145,7 +167,7 @@ def read_hf_config(path: str | Path) -> dict[str, Any]:
         where = f"{path} holds no config.json" if path.is_dir() else f"{file}: no such file"
         raise SpecError(f"{where}: give a config.json or a directory holding one")
     try:
-        data = json.loads(file.read_bytes())  # bytes: json detects the UTF encoding itself
+        data = json.loads(file.read_bytes(), object_pairs_hook=unique_json_keys)  # bytes: json detects the encoding
     except OSError as error:
         raise SpecError(f"{file}: cannot read ({error.strerror})") from None
     except ValueError as error:  # JSONDecodeError, UnicodeDecodeError

@@ -97,6 +97,24 @@ def _new_token_mask(attention_mask: Tensor | None, batch: int, num_new: int, pas
     return attention_mask[:, past_columns:].to(torch.bool)
 
 
+def _check_cache_fits(cache: PagedMLACache, patch: _Patch) -> None:
+    """A PagedMLACache made for this patched model: one layer per attention layer, the kernels' spec, its device."""
+    layers = len(cache.layers)
+    if layers != patch.num_layers:
+        raise ValueError(
+            f"cache (past_key_values): a PagedMLACache of {layers} layer(s), the patched model has "
+            f"{patch.num_layers} attention layers: make it with PagedMLACache(model, ...) of this model"
+        )
+    if cache.spec is not patch.spec and cache.spec != patch.spec:
+        raise ValueError(
+            f"cache (past_key_values): a PagedMLACache for spec '{cache.spec.name}', the model is patched with "
+            f"'{patch.spec.name}': make it with PagedMLACache(model, ...) of this model"
+        )
+    device = cache.kv_cache(0).device
+    if device != patch.device:
+        raise ValueError(f"cache (past_key_values): a PagedMLACache on {device}, the model is on {patch.device}")
+
+
 def _plan_step(
     cache: PagedMLACache | None, attention_mask: Tensor | None, batch: int, num_new: int, device: torch.device
 ) -> _Step:
@@ -493,6 +511,8 @@ def _before_forward(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple
             f"cache (past_key_values): a mlagen-patched model needs a PagedMLACache, got {type(cache).__name__}: "
             "pass PagedMLACache(model, max_batch_size=..., max_cache_len=...)"
         )
+    if cache is not None:
+        _check_cache_fits(cache, patch)
     inputs = kwargs.get("input_ids")
     if inputs is None:
         inputs = kwargs.get("inputs_embeds")
@@ -562,6 +582,7 @@ def planned_step(
         raise ValueError("model: not patched by mlagen: call patch_model(model) before planned_step(model, ...)")
     if not isinstance(cache, PagedMLACache):
         raise TypeError(f"cache: expected a PagedMLACache, got {type(cache).__name__}")
+    _check_cache_fits(cache, patch)
     for name, value in (("batch_size", batch_size), ("num_new_tokens", num_new_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name}={value!r} is not allowed: must be an int >= 1")

@@ -1,0 +1,110 @@
+"""Every `MLAGEN_*` environment variable in one table: its value, what it takes and whether it is valid.
+
+Two kinds: the generated modules' switches (`launch_policy.ENV_KNOBS`, checked there by `env_knob`, which the
+modules run verbatim at import and call time) and the compiler's paths (cache directory, spec directories,
+user tuning database), checked here with the same rules their readers apply. `mlagen env` prints
+`knob_states()`; a variable named `MLAGEN_*` that nothing reads (a typo) is listed as such.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from .launch_policy import ENV_KNOBS, env_knob
+from .paths import CACHE_DIR_ENV
+from .registry import SPEC_PATH_ENV
+from .tuning import TUNING_DB_ENV, read_db
+
+__all__ = ["KnobState", "knob_states"]
+
+#: read by the test suite only (tests/conftest.py, tests/test_bad_values_isolated.py)
+TEST_KNOBS = {
+    "MLAGEN_HYPOTHESIS_PROFILE": "hypothesis profile of the tests (dev, ci)",
+    "MLAGEN_ISOLATE": "tests: 'spawn' runs each isolated case in a fresh interpreter",
+}
+
+
+@dataclass(frozen=True)
+class KnobState:
+    name: str
+    #: the variable's text, None when unset
+    value: str | None
+    #: what mlagen uses (the default when unset)
+    effective: str
+    #: '' when valid, else what is wrong (one line naming the variable)
+    problem: str
+    meaning: str
+
+
+def _not_a_file_above(path: Path) -> str:
+    """'' when `path` can be a directory's or a file's place: no ancestor of it is a file."""
+    for parent in path.parents:
+        if parent.exists():
+            return "" if parent.is_dir() else f"{parent} is a file, not a directory"
+    return ""
+
+
+def _cache_dir_problem(value: str) -> str:
+    path = Path(value).expanduser()
+    if path.exists() and not path.is_dir():
+        return f"{path} is a file, not a directory"
+    return _not_a_file_above(path)
+
+
+def _spec_path_problem(value: str) -> str:
+    bad = [entry for entry in value.split(os.pathsep) if entry and not Path(entry).expanduser().is_dir()]
+    if not bad:
+        return ""
+    return f"not a directory: {', '.join(bad)} (entries are directories of spec YAML files, {os.pathsep}-separated)"
+
+
+def _tuning_db_problem(value: str) -> str:
+    path = Path(value).expanduser()
+    if path.is_dir():
+        return f"{path} is a directory: name the tuning database's JSON file"
+    problem = _not_a_file_above(path)
+    if problem or not path.exists():
+        return problem
+    try:
+        read_db(path)
+    except (OSError, ValueError) as error:
+        return " ".join(str(error).splitlines())
+    return ""
+
+
+#: the compiler's path variables: name -> (check of a set value, default shown when unset, meaning)
+_PATH_KNOBS: dict[str, tuple[Callable[[str], str], str, str]] = {
+    CACHE_DIR_ENV: (_cache_dir_problem, "the platform's user cache directory", "compile cache and user tuning db"),
+    SPEC_PATH_ENV: (_spec_path_problem, "(none)", "directories of user specs"),
+    TUNING_DB_ENV: (_tuning_db_problem, "<cache dir>/tuning.json", "the user tuning database (mlagen tune)"),
+}
+
+
+def knob_states(environ: Mapping[str, str] | None = None) -> list[KnobState]:
+    """The state of every known MLAGEN_* variable, then of every unknown one that is set."""
+    environ = os.environ if environ is None else environ
+    states = []
+    for name, (allowed, default, meaning) in ENV_KNOBS.items():
+        value = environ.get(name)
+        try:
+            effective, problem = env_knob(name, value), ""
+        except ValueError as error:
+            effective, problem = default, str(error)
+        states.append(KnobState(name, value, effective, problem, f"{meaning} ({', '.join(allowed)})"))
+    for name, (check, default, meaning) in _PATH_KNOBS.items():
+        value = environ.get(name)
+        problem = check(value) if value else ""
+        states.append(KnobState(name, value, value or default, f"{name}: {problem}" if problem else "", meaning))
+    for name, meaning in TEST_KNOBS.items():
+        value = environ.get(name)
+        states.append(KnobState(name, value, value or "(default)", "", meaning))
+    known = [*ENV_KNOBS, *_PATH_KNOBS, *TEST_KNOBS]
+    for name in sorted(n for n in environ if n.startswith("MLAGEN_") and n not in known):
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        states.append(KnobState(name, environ[name], "(ignored)", f"{name}: not a variable mlagen reads{hint}", ""))
+    return states
