@@ -25,6 +25,13 @@ __all__ = ["KnobState", "knob_states"]
 TEST_KNOBS = {
     "MLAGEN_HYPOTHESIS_PROFILE": "hypothesis profile of the tests (dev, ci)",
     "MLAGEN_ISOLATE": "tests: 'spawn' runs each isolated case in a fresh interpreter",
+    "MLAGEN_TEST_VLLM": "scripts/test.sh: 0 leaves out the vLLM integration's run in .venv-vllm",
+}
+
+#: read by the integrations: name -> (allowed values, meaning); unset is the first value's behaviour
+INTEGRATION_KNOBS = {
+    # (the name is mlagen_compiler.integrations.vllm.UNTESTED_ENV; that module imports vLLM, so it is not imported here)
+    "MLAGEN_VLLM_ALLOW_UNTESTED": (("0", "1"), "vLLM backend: 1 lets a vLLM release other than the tested ones run"),
 }
 
 
@@ -99,10 +106,14 @@ def knob_states(environ: Mapping[str, str] | None = None) -> list[KnobState]:
         value = environ.get(name)
         problem = check(value) if value else ""
         states.append(KnobState(name, value, value or default, f"{name}: {problem}" if problem else "", meaning))
+    for name, (allowed, meaning) in INTEGRATION_KNOBS.items():
+        value = environ.get(name)
+        problem = "" if value in (None, "", *allowed) else f"{name}: expected {' or '.join(allowed)}, got {value!r}"
+        states.append(KnobState(name, value, value or allowed[0], problem, f"{meaning} ({', '.join(allowed)})"))
     for name, meaning in TEST_KNOBS.items():
         value = environ.get(name)
         states.append(KnobState(name, value, value or "(default)", "", meaning))
-    known = [*ENV_KNOBS, *_PATH_KNOBS, *TEST_KNOBS]
+    known = [*ENV_KNOBS, *_PATH_KNOBS, *INTEGRATION_KNOBS, *TEST_KNOBS]
     for name in sorted(n for n in environ if n.startswith("MLAGEN_") and n not in known):
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
         hint = f"; did you mean {close[0]}?" if close else ""

@@ -680,3 +680,11 @@ def test_engine_start_refuses_geometry(world, model_dir):
         )
     assert "kv_lora_rank=40 is not allowed: must be a multiple of 16 in 64..1024" in str(error.value)
     assert "\n" not in str(error.value).strip()
+
+
+def test_the_untested_release_switch_is_a_knob_mlagen_env_lists_and_checks():
+    from mlagen_compiler.knobs import knob_states
+
+    states = {state.name: state for state in knob_states({backend.UNTESTED_ENV: "yes"})}
+    assert states[backend.UNTESTED_ENV].problem == f"{backend.UNTESTED_ENV}: expected 0 or 1, got 'yes'"
+    assert not {state.name: state for state in knob_states({backend.UNTESTED_ENV: "1"})}[backend.UNTESTED_ENV].problem
