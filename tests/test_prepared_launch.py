@@ -418,3 +418,58 @@ def test_raw_launch_gives_the_results_of_tritons_launcher(build_module, device, 
                 launch.raw = saved
         assert torch.equal(raw[0], plain[0]) and torch.equal(raw[1], plain[1])
         decode_and_check(module, inputs, schedule)
+
+
+class _HookRecordingKernel:
+    """Stands in for a JIT kernel: records the compile hooks installed when it is dispatched."""
+
+    def __init__(self, gluon: bool):
+        self.gluon = gluon
+        self.seen = []
+
+    def is_gluon(self):
+        return self.gluon
+
+    def __getitem__(self, grid):
+        def dispatch(*args, **options):
+            runtime = triton.knobs.runtime
+            self.seen.append((runtime.jit_cache_hook, runtime.jit_post_compile_hook, grid, args, options))
+            return f"compiled {grid}"
+
+        return dispatch
+
+
+@pytest.mark.parametrize("gluon", [True, False])
+def test_dispatch_sets_compile_hooks_aside_for_gluon_kernels_only(build_module, monkeypatch, gluon):
+    # Triton hands compile hooks the constexprs as JSON, which a Gluon layout is not (vLLM installs such a hook)
+    module = build_module(**SPEC)
+
+    def cache_hook(**kwargs):
+        return None
+
+    def post_compile_hook(**kwargs):
+        return None
+
+    monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", cache_hook)
+    monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", post_compile_hook)
+    kernel = _HookRecordingKernel(gluon)
+    assert module._dispatch(kernel, (3, 1, 1), (1, 2), {"num_warps": 4}) == "compiled (3, 1, 1)"
+    hooks_seen = kernel.seen[0][:2]
+    assert hooks_seen == ((None, None) if gluon else (cache_hook, post_compile_hook))
+    assert kernel.seen[0][2:] == ((3, 1, 1), (1, 2), {"num_warps": 4})
+    # restored afterwards, also when the dispatch raises
+    assert (triton.knobs.runtime.jit_cache_hook, triton.knobs.runtime.jit_post_compile_hook) == (
+        cache_hook,
+        post_compile_hook,
+    )
+
+    class Failing(_HookRecordingKernel):
+        def __getitem__(self, grid):
+            def dispatch(*args, **options):
+                raise RuntimeError("compile failed")
+
+            return dispatch
+
+    with pytest.raises(RuntimeError, match="compile failed"):
+        module._dispatch(Failing(gluon), (1, 1, 1), (), {})
+    assert triton.knobs.runtime.jit_post_compile_hook is post_compile_hook

@@ -22,10 +22,12 @@ whose per-layer scale is vLLM's ``k_scale``: vLLM stores latent / k_scale, as ml
 Modules are loaded through the compile cache (``mlagen_compiler.load``: one build per node, under a file
 lock) once per distinct spec.
 
-vLLM also gives every MLA layer a prefill backend object; this backend's ``forward_mha`` never uses it. Unless
-``attention_config.mla_prefill_backend`` names one, the layer's construction sets it to ``CUSTOM``, the
-stand-in `MlagenPrefillBackend`, which passes vLLM's prefill selection for any geometry (vLLM's default,
-FlashAttention, refuses all but DeepSeek's, GLM's and Mistral-Small-4's and needs its library).
+vLLM also gives every MLA layer a prefill backend object. Unless ``attention_config.mla_prefill_backend`` names
+one, the layer's construction sets it to ``CUSTOM``, the stand-in `MlagenPrefillBackend`, which passes vLLM's
+prefill selection for any geometry (vLLM's default, FlashAttention, refuses all but DeepSeek's, GLM's and
+Mistral-Small-4's and needs its library) and which ``forward_mha`` never calls: prefill runs on mlagen's kernels.
+Where one is named (e.g. ``"FLASH_ATTN"``), ``forward_mha`` is vLLM's own, on that backend, and decode and
+cache writes stay mlagen's.
 """
 
 from __future__ import annotations
@@ -289,6 +291,7 @@ class MlagenMetadataBuilder(MLACommonMetadataBuilder[MlagenMetadata]):
         if len(modules) != 1:
             raise ValueError(f"layers {layer_names[0]}..{layer_names[-1]} of one cache group differ in geometry")
         self.module = modules.popitem()[1]
+        self.mlagen_prefill = all(impl.mlagen_prefill for impl in impls)
         self._graph_schedules: dict[tuple[int, int], Any] = {}
         self._eager_schedules: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._capturing = False
@@ -347,7 +350,7 @@ class MlagenMetadataBuilder(MLACommonMetadataBuilder[MlagenMetadata]):
     def build(self, common_prefix_len: int, common_attn_metadata: Any, fast_build: bool = False) -> MlagenMetadata:
         metadata = super().build(common_prefix_len, common_attn_metadata, fast_build)
         metadata.module = self.module
-        if metadata.prefill is not None:
+        if metadata.prefill is not None and self.mlagen_prefill:
             metadata.prefill_groups = self._prefill_groups(metadata.num_decodes, common_attn_metadata)
         return metadata
 
@@ -454,11 +457,13 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         block_size = config.cache_config.block_size
         # a geometry, dtype or block size the spec refuses is an error now, at engine start
         self.spec_for(block_size if block_size in KERNEL_BLOCK_SIZES else KERNEL_BLOCK_SIZES[-1])
-        # vLLM picks the layer's MLA prefill backend right after this: mlagen's stand-in unless one is configured
-        if config.attention_config.mla_prefill_backend is None:
-            from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
+        # vLLM picks the layer's MLA prefill backend right after this: mlagen's (the CUSTOM stand-in) unless one
+        # is configured (attention_config.mla_prefill_backend), whose forward_mha then runs vLLM's prefill
+        from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
 
+        if config.attention_config.mla_prefill_backend is None:
             config.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.CUSTOM
+        self.mlagen_prefill = config.attention_config.mla_prefill_backend == MLAPrefillBackendEnum.CUSTOM
 
     def spec_for(self, block_size: int) -> MLASpec:
         """This layer's spec with pages of `block_size` tokens (vLLM's kernel block size)."""
@@ -564,6 +569,9 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         output: torch.Tensor,
         output_scale: torch.Tensor | None = None,
     ) -> None:
+        if not self.mlagen_prefill:  # the prefill backend configured in attention_config.mla_prefill_backend
+            super().forward_mha(q, kv_c_normed, k_pe, kv_c_and_k_pe_cache, attn_metadata, k_scale, output, output_scale)
+            return
         prefill = attn_metadata.prefill
         module = attn_metadata.module
         assert prefill is not None and module is not None

@@ -6,8 +6,10 @@
 #   install            join the parts, unpack vLLM into /tmp/vllm-rig/site, install the wheels there (--no-deps),
 #                      make mlagen importable from this tree with its entry points (as `pip install -e .` would),
 #                      then a smoke test: import vllm and its kernels, `from vllm import LLM`, load the plugins
-#   e2e                scripts/vllm_rig/e2e.py: mlagen's CUSTOM backend against TRITON_MLA and FLASHMLA (< 9 min)
+#   e2e                scripts/vllm_rig/e2e.py: mlagen's CUSTOM backend against TRITON_MLA and FLASHMLA (< 9 min;
+#                      E2E_BUDGET: seconds after which engines are not started, default 450)
 #   throughput         scripts/vllm_rig/throughput.py (< 9 min)
+#   profile            scripts/vllm_rig/profile.py: where the time goes, mlagen beside FLASHMLA (torch.profiler)
 # Everything lives under /tmp, which lasts while the machine stays warm (30 s after a call): chain the calls.
 #
 # The calls, in order (prepare.sh first, here; then copy .vllm-rig/ into the checkout that `run` sends):
@@ -17,7 +19,7 @@
 #      carry:   [".vllm-rig/vllm-rig.tar.xz.part1", ".vllm-rig/MANIFEST"]   41.4 MiB + the tree; install ~40 s,
 #               e2e at most 530 s (its own budget: 450 s, then NOT RUN rows)
 #   3. command: bash scripts/vllm_rig/device.sh throughput                  (timeout_s 600)
-#      carry:   []                                                           at most 560 s (budget 520 s)
+#      carry:   []                                                           at most 560 s (engines start until 470 s)
 # .vllm-rig/ must be git-ignored in that checkout (this branch's .gitignore does it): untracked, it would travel
 # whole (83 MiB) and the call would be refused.
 # A call that finds /tmp/vllm-rig gone (the machine went back) says so; start again at call 1.
@@ -112,11 +114,13 @@ for mode in "$@"; do
   case $mode in
   part[0-9]) stage_part "$mode" || status=1 ;;
   install) install_rig 2>&1 | tee "$out/install.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-  e2e) timeout 530 python3 scripts/vllm_rig/e2e.py --out "$out/e2e.json" 2>&1 | tee "$out/e2e.log"
+  e2e) timeout 530 python3 scripts/vllm_rig/e2e.py --out "$out/e2e.json" --budget "${E2E_BUDGET:-450}" 2>&1 | tee "$out/e2e.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   throughput) timeout 560 python3 scripts/vllm_rig/throughput.py --out "$out/throughput.json" 2>&1 \
     | tee "$out/throughput.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-  *) echo "device.sh: unknown mode '$mode' (allowed: part0..part9, install, e2e, throughput)" >&2; exit 2 ;;
+  profile) timeout 560 python3 scripts/vllm_rig/profile.py --out-dir "$out" 2>&1 | grep -v "^INFO\|^WARNING\|^(EngineCore" \
+    | tee "$out/profile.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+  *) echo "device.sh: unknown mode '$mode' (allowed: part0..part9, install, e2e, throughput, profile)" >&2; exit 2 ;;
   esac
   [ $status = 0 ] || { echo "device.sh: mode $mode failed; stopping" >&2; exit 1; }
 done

@@ -61,6 +61,7 @@ CHUNK = 256  # max_num_batched_tokens: prompts above it are chunked
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
 SPEC_CAPTURE = [1, 2, 4, 8, 16, 32, 64]
 RESTART = 3  # worker exit code: start a new worker for the remaining cases
+EARLY_ERRORS = 3  # the first engines all failing stops the run
 
 
 def cases() -> list[dict]:
@@ -180,6 +181,15 @@ def main() -> int:
             status = f"crashed: worker exit code {proc.returncode}"
             rig.write_json(results / f"{index:02d}.json", {**all_cases[index], "status": status})
             marker.unlink()
+        done = [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
+        done = [r for r in done if not r["status"].startswith("not run")]
+        if len(done) >= EARLY_ERRORS and all(r["status"] != "ran" for r in done):
+            # the same failure everywhere (a missing module, a bad option): stop and show it instead of the budget
+            for c in all_cases:
+                target = results / f"{c['index']:02d}.json"
+                if not target.exists():
+                    rig.write_json(target, {**c, "status": f"not run: the first {len(done)} engines all failed"})
+            break
         if proc.returncode not in (0, RESTART) and not running:
             for c in missing:
                 status = f"not run: worker exit code {proc.returncode} outside any engine"

@@ -99,7 +99,7 @@ def main() -> int:
     parser.add_argument("--max-len", type=int, default=8192)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--models", default="dsv3-h16,dsv3-h128,ms4-h32")
-    parser.add_argument("--budget", type=float, default=520.0, help="seconds; later engines are NOT RUN")
+    parser.add_argument("--budget", type=float, default=470.0, help="seconds; engines not started by then are NOT RUN")
     args = parser.parse_args()
 
     t0 = time.time()
@@ -166,7 +166,15 @@ def main() -> int:
                 row["verdict"] = "PASS" if not problems else "FAIL"
             row["problems"] = problems
             rows.append(row)
-            print(f"[throughput] {label}: {row['decode_tok_s']:.0f} decode tok/s, {row['verdict']}", flush=True)
+            print(
+                f"[throughput] {label}: {row['decode_tok_s']:.0f} decode tok/s, {row['output_tok_s']:.0f} output "
+                f"tok/s, prefill {row['prefill_s']:.2f} s, TTFT median {row['ttft_median_ms']:.1f} ms, ITL median "
+                f"{row['itl_median_ms']:.2f} ms, max|d| {row.get('compare', {}).get('max_abs', float('nan')):.4f}, "
+                f"{row['verdict']} {'; '.join(problems)}",
+                flush=True,
+            )
+            # written after every engine: a run cut short by the call's time limit keeps what it measured
+            rig.write_json(args.out, {"layers": args.layers, "new_tokens": args.new_tokens, "rows": rows})
 
     print(
         f"\n[throughput] {args.layers} layers, {args.prompts} prompts {args.min_len}..{args.max_len}, "
