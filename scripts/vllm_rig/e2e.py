@@ -32,7 +32,11 @@ Metric and thresholds, fixed before running (rig.compare):
 - Every engine must also really run the backend asked for (read from its first MLA layer), and the fp8 engines a
   k_scale other than 1.
 The FLASHMLA rows measure the noise floor between two of vLLM's own backends under the same metric: if they fail,
-the thresholds are wrong, not mlagen (the summary says so).
+the thresholds are wrong, not mlagen (the summary says so). They share vLLM's prefill (FlashAttention), so
+their prompt tokens differ by nothing; mlagen's prefill is its own. Two yardsticks separate the two: the
+"fa-prefill" case (mlagen decode and cache writes, vLLM's FlashAttention prefill), and each engine's prompt
+logprobs against transformers' float32 forward of the same checkpoint (columns "fp32 mean/max": an engine
+whose attention is as accurate as the reference's is as far from it as the reference is).
 
 Engines run in worker processes, several per process (VLLM_ENABLE_V1_MULTIPROCESSING=0, cleaned up between
 engines); a worker that dies (a CUDA fault poisons its context) loses only the engine it was running: the driver
@@ -79,6 +83,7 @@ def cases() -> list[dict]:
     for model in ("dsv3-h16", "ms4-h32", "dsv3-h128"):
         add(model, "ref", "TRITON_MLA", None)
         add(model, "mlagen b64 full-decode-graphs", "CUSTOM", "ref")
+    add("dsv3-h16", "mlagen b64 fa-prefill full-decode-graphs", "CUSTOM", "ref", prefill="FLASH_ATTN")
     add("dsv3-h16", "FLASHMLA b64", "FLASHMLA", "ref")
     add("dsv3-h128", "FLASHMLA b64", "FLASHMLA", "ref")
     add("dsv3-h16", "ref fp8", "TRITON_MLA", None, **fp8)
@@ -140,6 +145,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-rig/e2e"))
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for everything; later cases NOT RUN")
     parser.add_argument("--only", default="", help="comma-separated model names to run (default all)")
+    parser.add_argument("--no-oracle", action="store_true", help="skip the float32 transformers yardstick")
     parser.add_argument("--worker", nargs=3, metavar=("CASES", "RESULTS", "DEADLINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -157,6 +163,14 @@ def main() -> int:
         if not (models / name / "config.json").exists():
             rig.write_model(models / name, rig.GEOMETRIES[name], rig.Body(), seed=0)
     print(f"[e2e] models written in {time.time() - t0:.0f} s", flush=True)
+    oracles = {}
+    if not args.no_oracle:
+        for name in dict.fromkeys(c["model"] for c in all_cases):
+            try:
+                oracles[name] = rig.oracle_prompt_logprobs(models / name, prompts_for(name))
+            except Exception as error:  # the oracle is a yardstick, reported; the verdicts stand without it
+                print(f"[e2e] no float32 oracle for {name}: {error!r}"[:300], flush=True)
+        print(f"[e2e] float32 oracles (transformers) computed at {time.time() - t0:.0f} s", flush=True)
     results = args.work / "results"
     results.mkdir(parents=True, exist_ok=True)
     for stale in results.glob("*"):
@@ -215,8 +229,10 @@ def main() -> int:
         if record["status"] == "ran":
             facts = record["facts"]
             problems = []
-            if facts.get("backend") != spec["backend"]:
-                problems.append(f"engine ran backend {facts.get('backend')}, not {spec['backend']}")
+            if facts.get("backend") != rig.RUNS_AS[spec["backend"]]:
+                problems.append(f"engine ran backend {facts.get('backend')}, not {rig.RUNS_AS[spec['backend']]}")
+            if record["model"] in oracles:
+                row["oracle"] = rig.oracle_error(oracles[record["model"]], record["outputs"])
             if spec["kv_cache_dtype"] != "auto" and not abs(facts.get("k_scale", 1.0) - 1.0) > 1e-6:
                 problems.append(f"k_scale {facts.get('k_scale')} (expected a calculated scale, not 1)")
             if record["reference"] is not None:
@@ -238,7 +254,7 @@ def main() -> int:
     print("\n[e2e] results (reference: TRITON_MLA eager block 64 on the same model, cache dtype and speculation)")
     print(
         f"{'engine':46} {'ran as':>11} {'graphs':>22} {'start s':>7} {'max|d|':>8} {'mean|d|':>8} "
-        f"{'cover':>5} {'div':>4}  verdict"
+        f"{'cover':>5} {'div':>4} {'fp32 mean':>9} {'fp32 max':>8}  verdict"
     )
     for row in rows:
         facts = row.get("facts") or {}
@@ -252,6 +268,8 @@ def main() -> int:
             f"{cmp.get('mean_abs', float('nan')):8.4f}",
             f"{cmp.get('coverage', '-')!s:>5}",
             f"{cmp.get('divergences', '-')!s:>4}",
+            f"{(row.get('oracle') or {}).get('mean', float('nan')):9.4f}",
+            f"{(row.get('oracle') or {}).get('max', float('nan')):8.4f}",
             f" {row['verdict']}",
         ]
         notes = "; ".join(row.get("problems", [])) + (row.get("error") or "")

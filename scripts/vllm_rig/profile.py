@@ -48,7 +48,9 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-rig/profile"))
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--backends", default="FLASHMLA,CUSTOM")
+    parser.add_argument(
+        "--backends", default="FLASHMLA,CUSTOM,CUSTOM+FLASH_ATTN", help="BACKEND[+MLA prefill backend],..."
+    )
     args = parser.parse_args()
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -67,14 +69,15 @@ def main() -> int:
     rng = random.Random(3)
     prompts = rig.random_prompts([rng.randint(1024, 8192) for _ in range(args.prompts)], body.vocab, seed=4)
     requests = [{"prompt_token_ids": p} for p in prompts]
-    for backend in args.backends.split(","):
+    for name in args.backends.split(","):
+        backend, _, prefill = name.partition("+")
         spec = rig.EngineSpec(
-            f"dsv3-h16 {backend}", backend, graphs="full_decode", max_num_seqs=args.prompts,
+            f"dsv3-h16 {name}", backend, prefill=prefill or None, graphs="full_decode", max_num_seqs=args.prompts,
             max_model_len=8192 + args.new_tokens + 64, kv_cache_gib=4.0,
             capture_sizes=[1, 2, 4, 8, 16, 32],
         )  # fmt: skip
         llm, facts = rig.open_engine(spec, model)
-        print(f"\n===== {backend}: {facts}", flush=True)
+        print(f"\n===== {name}: {facts}", flush=True)
         try:
             llm.generate(requests[:4], rig.sampling(4, None, None), use_tqdm=False)  # warm-up
             for phase, tokens in (("prefill only", 1), ("full", args.new_tokens)):
@@ -84,7 +87,7 @@ def main() -> int:
                     llm.generate(requests, rig.sampling(tokens, None, None), use_tqdm=False)
                     torch.cuda.synchronize()
                     wall = time.perf_counter() - start
-                print(f"\n--- {backend} {phase}: {wall:.3f} s wall (profiled)", flush=True)
+                print(f"\n--- {name} {phase}: {wall:.3f} s wall (profiled)", flush=True)
                 for name, (calls, seconds) in sorted(HOST.items()):
                     print(f"host {name}: {calls} calls, {seconds * 1e3:.1f} ms, {seconds / calls * 1e6:.0f} us/call")
                 table = prof.key_averages()

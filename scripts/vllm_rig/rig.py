@@ -153,6 +153,7 @@ class EngineSpec:
 
     label: str
     backend: str  # TRITON_MLA | FLASHMLA | CUSTOM (mlagen)
+    prefill: str | None = None  # attention_config.mla_prefill_backend (None: the backend's choice)
     block_size: int = 64
     kv_cache_dtype: str = "auto"
     graphs: str = "full_decode"  # full_decode: FULL_DECODE_ONLY without torch.compile; default: vLLM's default
@@ -173,7 +174,8 @@ class EngineSpec:
             seed=0,
             block_size=self.block_size,
             kv_cache_dtype=self.kv_cache_dtype,
-            attention_config={"backend": self.backend},
+            attention_config={"backend": self.backend}
+            | ({"mla_prefill_backend": self.prefill} if self.prefill else {}),
             enable_prefix_caching=False,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
@@ -199,6 +201,44 @@ class EngineSpec:
         else:
             raise ValueError(f"EngineSpec.graphs: {self.graphs!r}; allowed: eager, full_decode, default")
         return kwargs
+
+
+#: the name an engine's MLA layers report (backend.get_name()) for each attention_config backend
+RUNS_AS = {"TRITON_MLA": "TRITON_MLA", "FLASHMLA": "FLASHMLA", "CUSTOM": "MLAGEN"}
+
+
+def oracle_prompt_logprobs(model: Path, prompts: list[list[int]]) -> list[list[float | None]]:
+    """Each prompt token's logprob (teacher forced) from transformers' implementation of the same checkpoint in
+    float32 (eager attention): the yardstick every engine's prompt logprobs are measured against."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="eager").cuda().eval()
+    results = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = torch.tensor([prompt], device="cuda")
+            logprobs = torch.log_softmax(net(ids).logits[0].float(), dim=-1)
+            chosen = logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0]
+            results.append([None, *chosen.tolist()])
+    del net
+    gc.collect()
+    torch.cuda.empty_cache()
+    return results
+
+
+def oracle_error(oracle: list[list[float | None]], outputs: list[dict[str, Any]]) -> dict[str, float]:
+    """|engine - float32 oracle| over every prompt token: mean and max."""
+    diffs = [
+        abs(a - b)
+        for want, got in zip(oracle, outputs, strict=True)
+        if got["prompt"] is not None
+        for a, b in zip(want, got["prompt"], strict=True)
+        if a is not None and b is not None
+    ]
+    if not diffs:
+        return {"mean": math.nan, "max": math.nan, "values": 0}
+    return {"mean": sum(diffs) / len(diffs), "max": max(diffs), "values": len(diffs)}
 
 
 def _attention_facts(model: Any) -> dict[str, Any]:

@@ -153,7 +153,7 @@ def main() -> int:
             check = result.pop("check")
             row.update(result)
             problems = []
-            if result["facts"].get("backend") != backend:
+            if result["facts"].get("backend") != rig.RUNS_AS[backend]:
                 problems.append(f"engine ran {result['facts'].get('backend')}")
             if backend == "TRITON_MLA":
                 reference = check
