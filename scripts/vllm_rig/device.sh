@@ -7,9 +7,10 @@
 #                      make mlagen importable from this tree with its entry points (as `pip install -e .` would),
 #                      then a smoke test: import vllm and its kernels, `from vllm import LLM`, load the plugins
 #   e2e                scripts/vllm_rig/e2e.py: mlagen's CUSTOM backend against TRITON_MLA and FLASHMLA (< 9 min;
-#                      E2E_BUDGET: seconds after which engines are not started, default 450)
+#                      E2E_BUDGET: seconds after which engines are not started, default 450; E2E_ONLY: models)
 #   throughput         scripts/vllm_rig/throughput.py (< 9 min)
-#   profile            scripts/vllm_rig/profile.py: where the time goes, mlagen beside FLASHMLA (torch.profiler)
+#   profile            scripts/vllm_rig/profile.py: where the time goes, mlagen beside FLASHMLA (torch.profiler;
+#                      PROFILE_ARGS: its options, PROFILE_TIMEOUT: seconds, default 560)
 # Everything lives under /tmp, which lasts while the machine stays warm (30 s after a call): chain the calls.
 #
 # The calls, in order (prepare.sh first, here; then copy .vllm-rig/ into the checkout that `run` sends):
@@ -114,11 +115,11 @@ for mode in "$@"; do
   case $mode in
   part[0-9]) stage_part "$mode" || status=1 ;;
   install) install_rig 2>&1 | tee "$out/install.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-  e2e) timeout 530 python3 scripts/vllm_rig/e2e.py --out "$out/e2e.json" --budget "${E2E_BUDGET:-450}" 2>&1 | tee "$out/e2e.log"
+  e2e) timeout 530 python3 scripts/vllm_rig/e2e.py --out "$out/e2e.json" --budget "${E2E_BUDGET:-450}" ${E2E_ONLY:+--only "$E2E_ONLY"} 2>&1 | tee "$out/e2e.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   throughput) timeout 560 python3 scripts/vllm_rig/throughput.py --out "$out/throughput.json" 2>&1 \
     | tee "$out/throughput.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-  profile) timeout 560 python3 scripts/vllm_rig/profile.py --out-dir "$out" 2>&1 | grep -v "^INFO\|^WARNING\|^(EngineCore" \
+  profile) timeout "${PROFILE_TIMEOUT:-560}" python3 scripts/vllm_rig/profile.py --out-dir "$out" ${PROFILE_ARGS:-} 2>&1 | grep -v "^INFO\|^WARNING\|^(EngineCore" \
     | tee "$out/profile.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   *) echo "device.sh: unknown mode '$mode' (allowed: part0..part9, install, e2e, throughput, profile)" >&2; exit 2 ;;
   esac
