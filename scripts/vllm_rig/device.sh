@@ -9,7 +9,7 @@
 #   e2e                scripts/vllm_rig/e2e.py: mlagen's CUSTOM backend against TRITON_MLA and FLASHMLA (< 9 min;
 #                      E2E_BUDGET: seconds after which engines are not started, default 450; E2E_ONLY: models)
 #   throughput         scripts/vllm_rig/throughput.py (< 9 min)
-#   profile            scripts/vllm_rig/profile.py: where the time goes, mlagen beside FLASHMLA (torch.profiler;
+#   profile            scripts/vllm_rig/engine_profile.py: where the time goes, mlagen beside FLASHMLA (torch.profiler;
 #                      PROFILE_ARGS: its options, PROFILE_TIMEOUT: seconds, default 560)
 # Everything lives under /tmp, which lasts while the machine stays warm (30 s after a call): chain the calls.
 #
@@ -119,7 +119,7 @@ for mode in "$@"; do
     [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   throughput) timeout 560 python3 scripts/vllm_rig/throughput.py --out "$out/throughput.json" 2>&1 \
     | tee "$out/throughput.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-  profile) timeout "${PROFILE_TIMEOUT:-560}" python3 scripts/vllm_rig/profile.py --out-dir "$out" ${PROFILE_ARGS:-} 2>&1 | grep -v "^INFO\|^WARNING\|^(EngineCore" \
+  profile) timeout "${PROFILE_TIMEOUT:-560}" python3 scripts/vllm_rig/engine_profile.py --out-dir "$out" ${PROFILE_ARGS:-} 2>&1 | grep -v "^INFO\|^WARNING\|^(EngineCore" \
     | tee "$out/profile.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   *) echo "device.sh: unknown mode '$mode' (allowed: part0..part9, install, e2e, throughput, profile)" >&2; exit 2 ;;
   esac

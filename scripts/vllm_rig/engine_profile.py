@@ -1,6 +1,6 @@
 """Where an engine's time goes: mlagen's vLLM backend (CUSTOM) beside FLASHMLA under torch.profiler.
 
-    python3 scripts/vllm_rig/profile.py --out-dir DIR       (device.sh profile; after device.sh install)
+    python3 scripts/vllm_rig/engine_profile.py --out-dir DIR       (device.sh profile; after device.sh install)
 
 Model: throughput.py's random-weight DeepseekV3ForCausalLM at 16 heads (8 layers, hidden 2048). Per backend,
 after a warm-up generate: a prefill-only pass (max_tokens=1) and a full pass (--new-tokens), each timed and
