@@ -452,6 +452,31 @@ def test_chunked_prefill_in_groups(world, model_dir, step, limit, groups, writte
     rig.check_cache(written)
 
 
+@pytest.mark.parametrize("cache_dtype", ["auto", "fp8"])
+def test_warm_up_calls_every_entry_point_once_per_process(world, model_dir, monkeypatch, cache_dtype):
+    """The engine-start warm-up (on a GPU the builder runs it; here called directly): decode at every batch size
+    and query length, cache writes at 1 / 16 / 17 tokens, prefill and chunked prefill; a second call does nothing."""
+    rig = Rig(model_dir, block_size=4, cache_dtype=cache_dtype, lengths=[5], seed=3)
+    module = rig.builder.module
+    calls: dict[str, int] = {}
+
+    def counted(name: str):
+        original = getattr(module, name)
+
+        def counting(*args, **kwargs):
+            calls[name] = calls.get(name, 0) + 1
+            return original(*args, **kwargs)
+
+        return counting
+
+    for name in ("mla_decode", "mla_prefill", "mla_chunked_prefill", "mla_cache_write"):
+        monkeypatch.setattr(module, name, counted(name))
+    with set_current_vllm_config(rig.config):
+        for _ in range(2):
+            rig.layer.impl.warm_up(module, DEVICE, max_batch=2, seqlens_q=(1, 2), block_table_width=3)
+    assert calls == {"mla_decode": 4, "mla_cache_write": 3, "mla_prefill": 1, "mla_chunked_prefill": 1}
+
+
 def test_decode_lse_layout(world, model_dir):
     """forward_mqa's LSE where vLLM asks for it (decode context parallelism): [tokens, H], natural log,
     as vLLM's own MLA backends return it, for a 2-token step; the output rows as without it."""

@@ -33,6 +33,7 @@ cache writes stay mlagen's.
 from __future__ import annotations
 
 import os
+import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import pairwise
@@ -50,6 +51,7 @@ VLLM_TESTED_VERSIONS = ("0.26.0",)
 try:
     import vllm
     from vllm.config import get_current_vllm_config
+    from vllm.logger import init_logger
     from vllm.model_executor.layers.attention.mla_attention import (
         MLACommonBackend,
         MLACommonDecodeMetadata,
@@ -66,6 +68,8 @@ except ImportError as error:  # the extra is not installed, or a vLLM whose inte
         f"mlagen_compiler.integrations.vllm: needs vllm {' or '.join(VLLM_TESTED_VERSIONS)} "
         f"(pip install 'mlagen[vllm]'): {error}"
     ) from None
+
+logger = init_logger(__name__)
 
 __all__ = [
     "BACKEND_NAME",
@@ -173,6 +177,8 @@ def spec_for_layer(
 
 
 _MODULES: dict[str, ModuleType] = {}
+#: (module, shapes) pairs MlagenImpl.warm_up has compiled in this process
+_WARMED: set[tuple[Any, ...]] = set()
 
 
 def _module_for(spec: MLASpec) -> ModuleType:
@@ -292,6 +298,16 @@ class MlagenMetadataBuilder(MLACommonMetadataBuilder[MlagenMetadata]):
             raise ValueError(f"layers {layer_names[0]}..{layer_names[-1]} of one cache group differ in geometry")
         self.module = modules.popitem()[1]
         self.mlagen_prefill = all(impl.mlagen_prefill for impl in impls)
+        if self.device.type == "cuda" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+            speculative = vllm_config.speculative_config
+            extra = speculative.num_speculative_tokens if speculative is not None else 0
+            impls[0].warm_up(
+                self.module,
+                self.device,
+                max_batch=vllm_config.scheduler_config.max_num_seqs,
+                seqlens_q=(1, 1 + extra) if extra else (1,),
+                block_table_width=-(-vllm_config.model_config.max_model_len // self.page_size),
+            )
         self._graph_schedules: dict[tuple[int, int], Any] = {}
         self._eager_schedules: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._capturing = False
@@ -549,6 +565,90 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
             return out, None
         return out, lse.transpose(1, 2).reshape(num_tokens, num_heads)  # [tokens, H], as vLLM's backends return
 
+    def _mha_keys(self, kv_c_normed: torch.Tensor, k_pe: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The MHA-form keys and values of new tokens: k_nope [T, H, Dn] and v [T, H, Dv] (views of kv_b_proj's
+        output), k_pe [T, Dr]."""
+        kv_nope = self.kv_b_proj(kv_c_normed)[0].view(-1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim)
+        k_nope, v = kv_nope.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
+        return k_nope, k_pe.reshape(kv_c_normed.shape[0], self.qk_rope_head_dim), v
+
+    def warm_up(
+        self,
+        module: ModuleType,
+        device: torch.device,
+        *,
+        max_batch: int,
+        seqlens_q: tuple[int, ...],
+        block_table_width: int,
+    ) -> None:
+        """Compile (or load from Triton's cache) the kernels this layer's calls take, at engine start instead of
+        inside the first requests: decode for every batch size up to max_batch and each query length (the
+        schedule, and so the kernel variant, depends on both), prefill, chunked prefill and cache writes, on
+        small random inputs laid out as vLLM lays out its own (the layout decides Triton's specialisation).
+        Once per module and shape set in a process."""
+        key = (id(module), max_batch, seqlens_q, block_table_width, self.mlagen_prefill)
+        if key in _WARMED:
+            return
+        start = time.perf_counter()
+        generator = torch.Generator(device=device).manual_seed(0)
+        heads, dc, dr = self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim
+        page = module.PAGE_SIZE
+        cache_dtype = module.CACHE_DTYPE
+
+        def randn(*shape: int, dtype: torch.dtype = self.model_dtype) -> torch.Tensor:
+            return torch.randn(*shape, generator=generator, device=device, dtype=torch.float32).to(dtype)
+
+        num_pages = max(4, -(-32 // page))  # room for 17 distinct cache-write slots
+        cache = randn(num_pages, page, dc + dr).clamp(-4, 4).to(cache_dtype)
+        kv_scale = torch.full((1,), 0.5, device=device) if self.fp8_cache else None
+        table = torch.arange(max_batch * block_table_width, device=device, dtype=torch.int32)
+        table = (table % num_pages).view(max_batch, block_table_width)
+        lengths = torch.randint(1, 4 * page + 1, (max_batch,), generator=generator, device=device)
+        lengths = lengths.to(torch.int32)
+        paged = self._paged(cache)
+        calls = 0
+        with torch.inference_mode():
+            for seqlen_q in seqlens_q:
+                for batch in range(1, max_batch + 1):
+                    schedule = module.get_decode_schedule(batch, seqlen_q, device)
+                    q = randn(batch * seqlen_q, heads, dc + dr).view(batch, seqlen_q, heads, dc + dr)
+                    module.mla_decode(q, paged, table[:batch], lengths[:batch], kv_scale=kv_scale, schedule=schedule)
+                    calls += 1
+            for num_tokens in (1, 16, 17):  # Triton specialises integers on 1 and multiples of 16
+                rows = randn(num_tokens, dc + dr)
+                slots = torch.randperm(num_pages * page, generator=generator, device=device)[:num_tokens]
+                module.mla_cache_write(rows[:, :dc], rows[:, dc:], paged, slots, kv_scale=kv_scale)
+                calls += 1
+            if self.mlagen_prefill:
+                calls += self._warm_up_prefill(module, randn, paged, table, kv_scale, device)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        _WARMED.add(key)
+        logger.info(
+            "mlagen: %s warmed up in %.1f s (%d calls: decode at batch 1..%d, query lengths %s, prefill, cache "
+            "writes)", module.SPEC["name"], time.perf_counter() - start, calls, max_batch, list(seqlens_q),
+        )  # fmt: skip
+
+    def _warm_up_prefill(self, module: ModuleType, randn: Any, paged: torch.Tensor, table: torch.Tensor,
+                         kv_scale: torch.Tensor | None, device: torch.device) -> int:  # fmt: skip
+        """warm_up's prefill and chunked prefill: two new sequences, with and without a cached prefix."""
+        heads, dc, dr = self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim
+        lengths = [5, 12]
+        num_tokens = sum(lengths)
+        q = randn(num_tokens, heads, self.qk_nope_head_dim + dr)
+        latent = randn(num_tokens, dc + dr)  # vLLM's k_pe is a view of the latent projection's rows
+        k_nope, k_pe, v = self._mha_keys(latent[:, :dc], latent[:, dc:].unsqueeze(1))
+        cu_seqlens = torch.tensor([0, lengths[0], num_tokens], device=device, dtype=torch.int32)
+        out = torch.empty(num_tokens, heads, self.v_head_dim, device=device, dtype=self.model_dtype)
+        module.mla_prefill(q, k_nope, k_pe, v, cu_seqlens, max(lengths), out=out)
+        w_uk, w_uv = self._up_projections()
+        prefix_lens = torch.tensor([module.PAGE_SIZE + 3, 7], device=device, dtype=torch.int32)
+        module.mla_chunked_prefill(
+            q, k_nope, k_pe, v, cu_seqlens, max(lengths), paged, table[:2], prefix_lens, w_uk, w_uv,
+            kv_scale=kv_scale, out=out, num_prefix_tokens=module.PAGE_SIZE + 10,
+        )  # fmt: skip
+        return 2
+
     def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [H, Dn, Dc] and W_UV [H, Dv, Dc] of this layer in the model dtype (from kv_b_proj, once)."""
         if self._w_uk_uv is None:
@@ -578,9 +678,7 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         if output_scale is not None:
             raise NotImplementedError("output_scale: mlagen's prefill writes the model dtype (no fused quantisation)")
         num_tokens = q.shape[0]
-        kv_nope = self.kv_b_proj(kv_c_normed)[0].view(-1, self.num_heads, self.qk_nope_head_dim + self.v_head_dim)
-        k_nope, v = kv_nope.split([self.qk_nope_head_dim, self.v_head_dim], dim=-1)
-        k_pe = k_pe.reshape(num_tokens, self.qk_rope_head_dim)
+        k_nope, k_pe, v = self._mha_keys(kv_c_normed, k_pe)
         out = output.view(num_tokens, self.num_heads, self.v_head_dim)
         if attn_metadata.prefill_groups is None:
             module.mla_prefill(q, k_nope, k_pe, v, prefill.query_start_loc, prefill.max_query_len, out=out)

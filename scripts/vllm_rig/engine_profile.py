@@ -88,8 +88,8 @@ def main() -> int:
                     torch.cuda.synchronize()
                     wall = time.perf_counter() - start
                 print(f"\n--- {name} {phase}: {wall:.3f} s wall (profiled)", flush=True)
-                for name, (calls, seconds) in sorted(HOST.items()):
-                    print(f"host {name}: {calls} calls, {seconds * 1e3:.1f} ms, {seconds / calls * 1e6:.0f} us/call")
+                for method, (calls, seconds) in sorted(HOST.items()):
+                    print(f"host {method}: {calls} calls, {seconds * 1e3:.1f} ms, {seconds / calls * 1e6:.0f} us/call")
                 table = prof.key_averages()
                 print(table.table(sort_by="self_cuda_time_total", row_limit=22, max_name_column_width=70))
                 print(table.table(sort_by="self_cpu_time_total", row_limit=14, max_name_column_width=70))
