@@ -207,38 +207,77 @@ class EngineSpec:
 RUNS_AS = {"TRITON_MLA": "TRITON_MLA", "FLASHMLA": "FLASHMLA", "CUSTOM": "MLAGEN"}
 
 
-def oracle_prompt_logprobs(model: Path, prompts: list[list[int]]) -> list[list[float | None]]:
-    """Each prompt token's logprob (teacher forced) from transformers' implementation of the same checkpoint in
-    float32 (eager attention): the yardstick every engine's prompt logprobs are measured against."""
+def oracle_logprobs(model: Path, runs: dict[str, list[dict[str, Any]]], prompts: list[list[int]]) -> dict[str, Any]:
+    """For each engine's outputs (runs: label -> generate()'s results), the float32 logprob of every token it
+    saw or chose, teacher forced on its own sequence (prompt + its greedy tokens) by transformers'
+    implementation of the same checkpoint (eager attention): label -> per prompt {"prompt": [...], "generated":
+    [...]} aligned with the engine's "prompt" and "chosen" lists. An engine's own divergent tokens are scored
+    on its own context, so every token counts."""
     import torch
     from transformers import AutoModelForCausalLM
 
     net = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32, attn_implementation="eager").cuda().eval()
-    results = []
+    results: dict[str, Any] = {}
     with torch.no_grad():
-        for prompt in prompts:
-            ids = torch.tensor([prompt], device="cuda")
-            logprobs = torch.log_softmax(net(ids).logits[0].float(), dim=-1)
-            chosen = logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0]
-            results.append([None, *chosen.tolist()])
+        for label, outputs in runs.items():
+            per_prompt = []
+            for prompt, out in zip(prompts, outputs, strict=True):
+                ids = torch.tensor([prompt + out["tokens"]], device="cuda")
+                logprobs = torch.log_softmax(net(ids).logits[0].float(), dim=-1)
+                chosen = [None, *logprobs[:-1].gather(1, ids[0, 1:, None])[:, 0].tolist()]
+                per_prompt.append({"prompt": chosen[: len(prompt)], "generated": chosen[len(prompt) :]})
+            results[label] = per_prompt
     del net
     gc.collect()
     torch.cuda.empty_cache()
     return results
 
 
-def oracle_error(oracle: list[list[float | None]], outputs: list[dict[str, Any]]) -> dict[str, float]:
-    """|engine - float32 oracle| over every prompt token: mean and max."""
-    diffs = [
-        abs(a - b)
-        for want, got in zip(oracle, outputs, strict=True)
-        if got["prompt"] is not None
-        for a, b in zip(want, got["prompt"], strict=True)
-        if a is not None and b is not None
-    ]
-    if not diffs:
-        return {"mean": math.nan, "max": math.nan, "values": 0}
-    return {"mean": sum(diffs) / len(diffs), "max": max(diffs), "values": len(diffs)}
+def oracle_error(oracle: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """|engine logprob - float32 logprob| of the prompt tokens and of the generated tokens: mean, max, count."""
+    parts: dict[str, list[float]] = {"prompt": [], "generated": []}
+    for want, got in zip(oracle, outputs, strict=True):
+        for part, engine in (("prompt", got["prompt"]), ("generated", got["chosen"])):
+            if engine is None:
+                continue
+            parts[part] += [
+                abs(a - b) for a, b in zip(want[part], engine, strict=True) if a is not None and b is not None
+            ]
+    return {
+        part: {"mean": sum(d) / len(d), "max": max(d), "values": len(d)}
+        if d
+        else {"mean": math.nan, "max": math.nan, "values": 0}
+        for part, d in parts.items()
+    }
+
+
+@dataclass(frozen=True)
+class OracleRule:
+    """An engine is as accurate as the reference engine of its run when, for prompt and generated tokens alike,
+    its distance to the float32 forward is at most the reference's times a ratio plus a small slack (the slack
+    keeps a reference that happens to sit very close from making the rule stricter than bf16 can meet)."""
+
+    mean_ratio: float = 1.10
+    mean_slack: float = 0.005
+    max_ratio: float = 1.25
+    max_slack: float = 0.05
+
+    def problems(self, mine: dict[str, dict[str, float]], reference: dict[str, dict[str, float]]) -> list[str]:
+        found = []
+        for part in ("prompt", "generated"):
+            m, r = mine[part], reference[part]
+            if not m["values"]:
+                found.append(f"no {part} logprobs to judge")
+                continue
+            if not m["mean"] <= self.mean_ratio * r["mean"] + self.mean_slack:
+                found.append(
+                    f"{part}: mean |d fp32| {m['mean']:.4f} > {self.mean_ratio} x {r['mean']:.4f} + {self.mean_slack}"
+                )
+            if not m["max"] <= self.max_ratio * r["max"] + self.max_slack:
+                found.append(
+                    f"{part}: max |d fp32| {m['max']:.4f} > {self.max_ratio} x {r['max']:.4f} + {self.max_slack}"
+                )
+        return found
 
 
 def _attention_facts(model: Any) -> dict[str, Any]:

@@ -12,8 +12,9 @@ Graphs: FULL_DECODE_ONLY CUDA graphs without torch.compile for every backend (de
 serving; prefill runs eagerly for all three alike), capture sizes up to 128.
 
 Per engine, in order:
-  1. correctness: 8 of the prompts (truncated to 2048 tokens), 16 new tokens, logprobs=5, compared with TRITON_MLA's
-     outputs by e2e.py's metric and bf16 thresholds (rig.compare), so each row is checked in the same run;
+  1. correctness: 8 of the prompts (truncated to 2048 tokens), 16 new tokens, logprobs=5, judged by e2e.py's rule
+     (rig.OracleRule: as close to transformers' float32 forward as TRITON_MLA's engine of the same run), so each
+     row is checked in the same run;
   2. prefill only: the 128 prompts with max_tokens=1 (wall time T1);
   3. full: the 128 prompts with 256 new tokens (wall time T2; TTFT and ITL per request from RequestOutput.metrics).
 Reported: output tokens/s = 128*256/T2; decode tokens/s = 128*255/(T2-T1) (the decode phase alone, the kernels'
@@ -37,7 +38,8 @@ import rig  # noqa: E402
 CHECK_PROMPTS = 8
 CHECK_LENGTH = 2048
 CHECK_TOKENS = 16
-TOLERANCE = rig.Tolerance(max_abs=0.15, mean_abs=0.02, tie=0.15, coverage=0.5)  # e2e.py's bf16 thresholds
+TOLERANCE = rig.Tolerance(max_abs=0.15, mean_abs=0.02, tie=0.15, coverage=0.5)  # e2e.py's shown comparison
+ORACLE_RULE = rig.OracleRule()  # e2e.py's verdict
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -89,6 +91,28 @@ def run_engine(spec: rig.EngineSpec, model: Path, prompts: list[list[int]], new_
     }
 
 
+def judge(name: str, model: Path, rows: list[dict], checks: dict[str, list], prompts: list[list[int]]) -> None:
+    """The verdict of each engine of one model: e2e.py's rule (rig.OracleRule) on the check prompts, against
+    transformers' float32 forward, relative to TRITON_MLA's engine of the same run."""
+    try:
+        scored = rig.oracle_logprobs(model, checks, prompts)
+        errors = {label: rig.oracle_error(scored[label], checks[label]) for label in checks}
+    except Exception as error:
+        print(f"[throughput] no float32 forward for {name}: {error!r}"[:400], flush=True)
+        errors = {}
+    reference = errors.get(f"{name} TRITON_MLA")
+    for row in rows:
+        row["oracle"] = errors.get(row["label"])
+        if row["backend"] == "TRITON_MLA":
+            row["verdict"] = "REFERENCE" if not row["problems"] else "FAIL"
+        elif reference is None or row["oracle"] is None:
+            row["verdict"] = "NO FLOAT32 FORWARD"
+        else:
+            row["problems"] += ORACLE_RULE.problems(row["oracle"], reference)
+            row["verdict"] = "PASS" if not row["problems"] else "FAIL"
+        print(f"[throughput] {row['label']}: {row['verdict']} {'; '.join(row['problems'])}", flush=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path("throughput.json"))
@@ -117,11 +141,13 @@ def main() -> int:
         f"{kv_gib:.1f} GiB",
         flush=True,
     )
+    check_prompts = [p[:CHECK_LENGTH] for p in prompts[:CHECK_PROMPTS]]
     rows = []
     for name in args.models.split(","):
         geometry = rig.GEOMETRIES[name]
         model = rig.write_model(args.work / name, geometry, body, seed=0)
         reference = None
+        checks: dict[str, list] = {}
         backends = ["TRITON_MLA"] + (["FLASHMLA"] if geometry.flashmla else []) + ["CUSTOM"]
         for backend in backends:
             label = f"{name} {backend if backend != 'CUSTOM' else 'mlagen'}"
@@ -150,31 +176,27 @@ def main() -> int:
                 rows.append(row)
                 print(f"[throughput] {label}: ERROR {error!r}"[:400], flush=True)
                 continue
-            check = result.pop("check")
+            checks[label] = result.pop("check")
             row.update(result)
-            problems = []
+            row["problems"] = []
             if result["facts"].get("backend") != rig.RUNS_AS[backend]:
-                problems.append(f"engine ran {result['facts'].get('backend')}")
+                row["problems"].append(f"engine ran {result['facts'].get('backend')}")
             if backend == "TRITON_MLA":
-                reference = check
-                row["verdict"] = "REFERENCE" if not problems else "FAIL"
-            elif reference is None:
-                row["verdict"] = "NO REFERENCE"
-            else:
-                row["compare"] = rig.compare(reference, check, TOLERANCE)
-                problems += row["compare"]["problems"]
-                row["verdict"] = "PASS" if not problems else "FAIL"
-            row["problems"] = problems
+                reference = checks[label]
+            elif reference is not None:
+                row["compare"] = rig.compare(reference, checks[label], TOLERANCE)  # shown, not the verdict
+            row["verdict"] = "PENDING"  # judged once the model's engines have run (judge)
             rows.append(row)
             print(
                 f"[throughput] {label}: {row['decode_tok_s']:.0f} decode tok/s, {row['output_tok_s']:.0f} output "
                 f"tok/s, prefill {row['prefill_s']:.2f} s, TTFT median {row['ttft_median_ms']:.1f} ms, ITL median "
-                f"{row['itl_median_ms']:.2f} ms, max|d| {row.get('compare', {}).get('max_abs', float('nan')):.4f}, "
-                f"{row['verdict']} {'; '.join(problems)}",
+                f"{row['itl_median_ms']:.2f} ms",
                 flush=True,
             )
             # written after every engine: a run cut short by the call's time limit keeps what it measured
             rig.write_json(args.out, {"layers": args.layers, "new_tokens": args.new_tokens, "rows": rows})
+        judge(name, model, [r for r in rows if r["model"] == name and "decode_tok_s" in r], checks, check_prompts)
+        rig.write_json(args.out, {"layers": args.layers, "new_tokens": args.new_tokens, "rows": rows})
 
     print(
         f"\n[throughput] {args.layers} layers, {args.prompts} prompts {args.min_len}..{args.max_len}, "
