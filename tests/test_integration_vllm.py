@@ -452,6 +452,22 @@ def test_chunked_prefill_in_groups(world, model_dir, step, limit, groups, writte
     rig.check_cache(written)
 
 
+def test_prefill_stays_vllms_only_where_its_choice_runs(world, model_dir, monkeypatch):
+    """With no mla_prefill_backend named, vLLM's own prefill is kept where its selection finds one for the model
+    (the layers of the other tests have Dn 32, which vLLM's FlashAttention refuses: mlagen prefills them)."""
+    from vllm.v1.attention.backends.mla.prefill import selector
+
+    config = _vllm_config(model_dir, block_size=16, cache_dtype="auto")
+    monkeypatch.setattr(selector, "get_mla_prefill_backend", lambda vllm_config: backend.MlagenPrefillBackend)
+    assert backend._vllm_prefill_runs(config)
+
+    def refuse(vllm_config):
+        raise ValueError("No valid MLA prefill backend found")
+
+    monkeypatch.setattr(selector, "get_mla_prefill_backend", refuse)
+    assert not backend._vllm_prefill_runs(config)
+
+
 @pytest.mark.parametrize("cache_dtype", ["auto", "fp8"])
 def test_warm_up_calls_every_entry_point_once_per_process(world, model_dir, monkeypatch, cache_dtype):
     """The engine-start warm-up (on a GPU the builder runs it; here called directly): decode at every batch size

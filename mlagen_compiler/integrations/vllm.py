@@ -11,8 +11,9 @@ The package's entry point in the ``vllm.general_plugins`` group (``mlagen``, see
   with a head dimension of 1), uniform multi-token steps (speculative / MTP) as ``[B, Sq, H, Dc+Dr]``, the
   schedule planned on the host by the metadata builder (``get_decode_schedule``, no device synchronisation:
   capturable in CUDA graphs, ``UNIFORM_BATCH``);
-- prefill (``forward_mha``): ``mla_prefill``, or ``mla_chunked_prefill`` when the new tokens follow a cached
-  context (chunked prefill, prefix caching), in MHA form with W_UK / W_UV taken from ``kv_b_proj``;
+- prefill (``forward_mha``, where mlagen prefills: see below): ``mla_prefill``, or ``mla_chunked_prefill`` when
+  the new tokens follow a cached context (chunked prefill, prefix caching), in MHA form with W_UK / W_UV taken
+  from ``kv_b_proj``;
 - cache writes (``do_kv_cache_update``): ``mla_cache_write`` on vLLM's slot mapping (-1: padding, skipped).
 
 The spec of a layer comes from what vLLM gives its attention: heads per tensor-parallel rank, the MLA
@@ -22,12 +23,14 @@ whose per-layer scale is vLLM's ``k_scale``: vLLM stores latent / k_scale, as ml
 Modules are loaded through the compile cache (``mlagen_compiler.load``: one build per node, under a file
 lock) once per distinct spec.
 
-vLLM also gives every MLA layer a prefill backend object. Unless ``attention_config.mla_prefill_backend`` names
-one, the layer's construction sets it to ``CUSTOM``, the stand-in `MlagenPrefillBackend`, which passes vLLM's
-prefill selection for any geometry (vLLM's default, FlashAttention, refuses all but DeepSeek's, GLM's and
-Mistral-Small-4's and needs its library) and which ``forward_mha`` never calls: prefill runs on mlagen's kernels.
-Where one is named (e.g. ``"FLASH_ATTN"``), ``forward_mha`` is vLLM's own, on that backend, and decode and
-cache writes stay mlagen's.
+Prefill: vLLM gives every MLA layer a prefill backend object, named by ``attention_config.mla_prefill_backend``
+or chosen by vLLM. With none named, the layer keeps vLLM's choice where one runs its geometry (FlashAttention-3
+on Hopper runs DeepSeek's, GLM's and Mistral-Small-4's): measured inside vLLM on the H200, its prefill kernels
+took 0.6x the GPU time of mlagen's on the same batches (docs/performance-log.md, "vLLM backend"), so
+``forward_mha`` is then vLLM's own and decode and cache writes stay mlagen's. Where none runs (other
+geometries, no FlashAttention library), and where ``"CUSTOM"`` is named, the stand-in `MlagenPrefillBackend`
+is chosen, which passes vLLM's prefill selection for any geometry and which ``forward_mha`` never calls:
+prefill runs on mlagen's kernels.
 """
 
 from __future__ import annotations
@@ -174,6 +177,20 @@ def spec_for_layer(
         "kernels": ["decode", "prefill"],
     }
     return spec_from_dict(fields, "mlagen vLLM backend: the layer's spec")
+
+
+def _vllm_prefill_runs(config: Any) -> bool:
+    """Whether vLLM's own choice of MLA prefill backend (none configured) runs this model here."""
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.mla.prefill.selector import get_mla_prefill_backend
+
+    if current_platform.get_device_capability() is None:  # vLLM would name FlashAttention unchecked
+        return False
+    try:
+        get_mla_prefill_backend(config)
+    except ValueError:
+        return False
+    return True
 
 
 _MODULES: dict[str, ModuleType] = {}
@@ -473,11 +490,10 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         block_size = config.cache_config.block_size
         # a geometry, dtype or block size the spec refuses is an error now, at engine start
         self.spec_for(block_size if block_size in KERNEL_BLOCK_SIZES else KERNEL_BLOCK_SIZES[-1])
-        # vLLM picks the layer's MLA prefill backend right after this: mlagen's (the CUSTOM stand-in) unless one
-        # is configured (attention_config.mla_prefill_backend), whose forward_mha then runs vLLM's prefill
+        # vLLM picks the layer's MLA prefill backend right after this (see the module doc)
         from vllm.v1.attention.backends.mla.prefill.registry import MLAPrefillBackendEnum
 
-        if config.attention_config.mla_prefill_backend is None:
+        if config.attention_config.mla_prefill_backend is None and not _vllm_prefill_runs(config):
             config.attention_config.mla_prefill_backend = MLAPrefillBackendEnum.CUSTOM
         self.mlagen_prefill = config.attention_config.mla_prefill_backend == MLAPrefillBackendEnum.CUSTOM
 

@@ -13,7 +13,8 @@ run beside other requests' decodes; greedy, 24 new tokens (ignore_eos), logprobs
 
 Every engine is compared with the reference engine of its model, cache dtype and speculation: vLLM's TRITON_MLA,
 enforce_eager, block 64. Cases: FLASHMLA (H16/H128, block 64: the rig's self-check, two correct backends), and
-mlagen at blocks 16, 64, 128/256, with vLLM's default graphs (torch.compile + FULL_AND_PIECEWISE), full decode
+mlagen (with vLLM's prefill, its default for these geometries, and with its own: "mlagen-prefill") at blocks
+16, 64, 128/256, with vLLM's default graphs (torch.compile + FULL_AND_PIECEWISE), full decode
 graphs without compile, and enforce_eager; an fp8 cache (kv_cache_dtype="fp8", calculate_kv_scales=True so the
 per-layer k_scale is not 1); n-gram speculation (3 draft tokens: uniform decode of 4 query tokens per request).
 
@@ -81,18 +82,21 @@ def cases() -> list[dict]:
     for model in ("dsv3-h16", "ms4-h32", "dsv3-h128"):
         add(model, "ref", "TRITON_MLA", None)
         add(model, "mlagen b64 full-decode-graphs", "CUSTOM", "ref")
-    add("dsv3-h16", "mlagen b64 fa-prefill full-decode-graphs", "CUSTOM", "ref", prefill="FLASH_ATTN")
+        add(model, "mlagen b64 mlagen-prefill full-decode-graphs", "CUSTOM", "ref", prefill="CUSTOM")
     add("dsv3-h16", "FLASHMLA b64", "FLASHMLA", "ref")
     add("dsv3-h128", "FLASHMLA b64", "FLASHMLA", "ref")
     add("dsv3-h16", "ref fp8", "TRITON_MLA", None, **fp8)
     add("dsv3-h16", "mlagen b64 fp8 full-decode-graphs", "CUSTOM", "ref fp8", **fp8)
+    add("dsv3-h16", "mlagen b64 fp8 mlagen-prefill full-decode-graphs", "CUSTOM", "ref fp8", prefill="CUSTOM", **fp8)
     add("dsv3-h16", "FLASHMLA b64 fp8", "FLASHMLA", "ref fp8", **fp8)
     add("ms4-h32", "ref fp8", "TRITON_MLA", None, **fp8)
     add("ms4-h32", "mlagen b16 fp8 full-decode-graphs", "CUSTOM", "ref fp8", block_size=16, **fp8)
     add("dsv3-h16", "ref ngram", "TRITON_MLA", None, **spec)
     add("dsv3-h16", "mlagen b64 ngram full-decode-graphs", "CUSTOM", "ref ngram", **spec)
     add("dsv3-h16", "mlagen b16 eager", "CUSTOM", "ref", block_size=16, graphs="eager")
-    add("ms4-h32", "mlagen b128 eager", "CUSTOM", "ref", block_size=128, graphs="eager")
+    add(
+        "ms4-h32", "mlagen b128 mlagen-prefill eager", "CUSTOM", "ref", block_size=128, graphs="eager", prefill="CUSTOM"
+    )
     add("dsv3-h128", "mlagen b256 eager", "CUSTOM", "ref", block_size=256, graphs="eager")
     add("dsv3-h16", "mlagen b128 default-graphs", "CUSTOM", "ref", block_size=128, graphs="default")
     add("ms4-h32", "mlagen b64 default-graphs", "CUSTOM", "ref", graphs="default")
