@@ -32,8 +32,9 @@ from types import ModuleType
 from typing import Any
 
 from ._version import __version__
-from .compile import atomic_write_text, import_module_from_path, module_source
-from .paths import CACHE_DIR_ENV, cache_dir
+from .compile import import_module_from_path, module_source
+from .paths import CACHE_DIR_ENV, atomic_write_text, cache_dir
+from .plan import KernelPlan, lower
 from .registry import resolve_spec
 from .render import templates_digest
 from .spec import MLASpec
@@ -188,8 +189,10 @@ def cached_module_path(
     tuned: Mapping[str, Any] | None = None,
     *,
     root: str | Path | None = None,
+    plan: KernelPlan | None = None,
 ) -> LookupResult:
-    """The path of the cached module for (spec, tuned), building the entry if it is missing or damaged."""
+    """The path of the cached module for (spec, tuned), building the entry if it is missing or damaged (plan: the
+    spec's plan where the caller has lowered it already)."""
     from filelock import FileLock, Timeout
 
     root = Path(root) if root is not None else cache_dir()
@@ -215,7 +218,7 @@ def cached_module_path(
                     CacheIntegrityWarning,
                     stacklevel=3,
                 )
-            source = module_source(spec, dict(tuned) if tuned else None)
+            source = module_source(spec, dict(tuned) if tuned else None, plan=plan)
             data = source.encode()
             inputs = key_inputs(spec, tuned)
             manifest = {
@@ -264,9 +267,10 @@ def load(
     Loading never tunes: run `mlagen tune` for that.
     """
     resolved = resolve_spec(spec, spec_dirs)
+    plan = lower(resolved)  # once: the tuned entries are looked up and the module rendered for this plan
     if tuned is None:
-        tuned = tuned_for_spec(resolved, tuning_dbs)
-    result = cached_module_path(resolved, tuned)
+        tuned = tuned_for_spec(resolved, tuning_dbs, plan=plan)
+    result = cached_module_path(resolved, tuned, plan=plan)
     return import_module_from_path(result.path, f"mlagen_cache.{resolved.module_name}_{result.key[:16]}")
 
 

@@ -7,36 +7,22 @@ same directory, then rename), so a reader never sees half a module.
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
-import tempfile
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .plan import lower
+from .paths import atomic_write_text
+from .plan import KernelPlan, lower
 from .render import render_module
 from .spec import MLASpec
 
-__all__ = ["atomic_write_text", "compile_spec", "import_module_from_path", "module_source"]
+__all__ = ["compile_spec", "import_module_from_path", "module_source"]
 
 
-def module_source(spec: MLASpec, tuned: dict[str, Any] | None = None) -> str:
-    return render_module(lower(spec), tuned)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def module_source(spec: MLASpec, tuned: dict[str, Any] | None = None, *, plan: KernelPlan | None = None) -> str:
+    """The generated module's text for `spec` (plan: its plan where the caller has lowered it already)."""
+    return render_module(lower(spec) if plan is None else plan, tuned)
 
 
 #: the first bytes of every generated module (module.py.jinja's first line)

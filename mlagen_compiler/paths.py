@@ -8,9 +8,18 @@ cache and the user's tuning database. Everything else reads these paths through 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
-__all__ = ["CACHE_DIR_ENV", "bundled_spec_dir", "cache_dir", "data_dir", "shipped_tuning_dir", "template_dir"]
+__all__ = [
+    "CACHE_DIR_ENV",
+    "atomic_write_text",
+    "bundled_spec_dir",
+    "cache_dir",
+    "data_dir",
+    "shipped_tuning_dir",
+    "template_dir",
+]
 
 CACHE_DIR_ENV = "MLAGEN_CACHE_DIR"
 
@@ -43,3 +52,19 @@ def cache_dir() -> Path:
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("mlagen", appauthor=False))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file in the same directory and a rename: a reader sees the
+    old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -49,10 +49,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .compile import atomic_write_text
 from .launch_policy import DECODE_GLUON_BUCKET
-from .paths import cache_dir, shipped_tuning_dir
-from .plan import lower
+from .paths import atomic_write_text, cache_dir, shipped_tuning_dir
+from .plan import KernelPlan, lower
 from .registry import resolve_spec
 from .spec import MLASpec, unique_json_keys
 from .triton_support import triton_version
@@ -257,7 +256,7 @@ def _version_tuple(version: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", version)[:4])
 
 
-def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
+def _valid_configs(spec: MLASpec, plan: KernelPlan | None = None) -> dict[str, dict[str, set[tuple[int, ...]]]]:
     """kernel -> bucket -> configurations of the spec's current autotune space.
 
     The bucket names mirror `decode_bucket(block_m, small)` of the generated module (tests check they
@@ -265,7 +264,7 @@ def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
     for the Hopper backend's (block_n, consumer_regs, num_stages); prefill has one space for both of its
     buckets.
     """
-    plan = lower(spec)
+    plan = lower(spec) if plan is None else plan
     out: dict[str, dict[str, set[tuple[int, ...]]]] = {}
     if plan.decode is not None:
         out["decode"] = {}
@@ -280,10 +279,13 @@ def _valid_configs(spec: MLASpec) -> dict[str, dict[str, set[tuple[int, ...]]]]:
     return out
 
 
-def select_entries(spec: MLASpec, entries: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def select_entries(
+    spec: MLASpec, entries: Iterable[Mapping[str, Any]], *, plan: KernelPlan | None = None
+) -> list[dict[str, Any]]:
     """The entries that apply to `spec`: a kernel it emits, that kernel's geometry, a configuration of its
-    space; one per (kernel, arch, gpu, bucket): the installed triton version's, else the newest one's."""
-    valid = _valid_configs(spec)
+    space; one per (kernel, arch, gpu, bucket): the installed triton version's, else the newest one's.
+    plan: the spec's plan where the caller has lowered it already."""
+    valid = _valid_configs(spec, plan)
     geometry = {kernel: kernel_geometry(kernel, spec) for kernel in valid}
     installed = triton_version()
 
@@ -303,16 +305,19 @@ def select_entries(spec: MLASpec, entries: Iterable[Mapping[str, Any]]) -> list[
     return [best[k] for k in sorted(best)]
 
 
-def tuned_for_spec(spec: MLASpec, db_paths: Iterable[str | Path] | None = None) -> dict[str, dict[str, list[int]]]:
+def tuned_for_spec(
+    spec: MLASpec, db_paths: Iterable[str | Path] | None = None, *, plan: KernelPlan | None = None
+) -> dict[str, dict[str, list[int]]]:
     """What `render_module(plan, tuned)` takes: {kernel: {"<arch>|<gpu>|<bucket>": config}} for this spec,
     with a family-wide "<arch>|*|<bucket>" row for every arch and bucket that has an entry.
 
     db_paths: databases to consult, lowest priority first (default: `default_db_paths()`).
+    plan: the spec's plan where the caller has lowered it already.
     """
     paths = default_db_paths() if db_paths is None else [Path(p) for p in db_paths]
     entries = merge_entries(*(read_db(p) for p in paths))
     tuned: dict[str, dict[str, list[int]]] = {}
-    for entry in select_entries(spec, entries):  # sorted: "*" before device names, names in order
+    for entry in select_entries(spec, entries, plan=plan):  # sorted: "*" before device names, names in order
         table = tuned.setdefault(entry["kernel"], {})
         arch, bucket, config = entry["arch"], entry["bucket"], list(entry["config"])
         table[f"{arch}|{entry['gpu']}|{bucket}"] = config

@@ -82,6 +82,29 @@ def test_miss_then_hit(cache_root):
     assert manifest["key"] == first.key and manifest["spec_hash"] == spec.content_hash()
 
 
+@pytest.mark.parametrize("tuning_db", [False, True], ids=["no-tuning-db", "shipped-tuning-db"])
+def test_load_lowers_the_spec_once(cache_root, monkeypatch, tuning_db):
+    # the tuned entries are looked up and the module rendered for one plan, on a miss and on a hit
+    from mlagen_compiler import compile as compile_stage
+    from mlagen_compiler import plan as plan_stage
+    from mlagen_compiler import tuning
+
+    lowered = []
+
+    def counting_lower(spec):
+        lowered.append(spec.name)
+        return plan_stage.lower(spec)
+
+    for stage in (cache, compile_stage, tuning):
+        monkeypatch.setattr(stage, "lower", counting_lower)
+    dbs = tuning.shipped_db_paths() if tuning_db else []
+    for built in (True, False):
+        lowered.clear()
+        module = cache.load(spec_from_dict(FIELDS), tuning_dbs=dbs)
+        assert lowered == ["cache-me"], f"cache {'miss' if built else 'hit'}: lowered {len(lowered)} times"
+        assert FIELDS["num_heads"] == module.NUM_HEADS
+
+
 def test_load_by_name_path_and_object_returns_working_module(cache_root, tmp_path):
     path = tmp_path / "cache-me.yaml"
     path.write_text(YAML)
