@@ -9,6 +9,7 @@
 #   e2e                scripts/vllm_rig/e2e.py: mlagen's CUSTOM backend against TRITON_MLA and FLASHMLA (< 9 min;
 #                      E2E_BUDGET: seconds after which engines are not started, default 450; E2E_ONLY: models)
 #   throughput         scripts/vllm_rig/throughput.py (< 9 min)
+#   tp                 scripts/vllm_rig/tp.py: tensor parallelism on two GPUs (nvidia-h200-x2; TP_ARGS, TP_TIMEOUT)
 #   profile            scripts/vllm_rig/engine_profile.py: where the time goes, mlagen beside FLASHMLA (torch.profiler;
 #                      PROFILE_ARGS: its options, PROFILE_TIMEOUT: seconds, default 560)
 # Everything lives under /tmp, which lasts while the machine stays warm (30 s after a call): chain the calls.
@@ -35,6 +36,9 @@ export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_
 # the sampler's FlashInfer top-k / top-p kernels: flashinfer is not carried (seen on the H200: every engine stopped
 # at Sampler() with "No module named 'flashinfer'"); vLLM's native sampler needs nothing more
 export VLLM_USE_FLASHINFER_SAMPLER=0
+# NVLink multicast stays off (the GPU machine's rule: it can take the host's shared GPUs out of service), also in
+# the worker processes vLLM starts for tensor parallelism, which inherit this environment
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH=$rig/site:$repo${PYTHONPATH:+:$PYTHONPATH}
 
 manifest_sha() { # manifest_sha NAME -> the sha256 MANIFEST gives for part NAME
@@ -119,9 +123,11 @@ for mode in "$@"; do
     [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   throughput) timeout 560 python3 scripts/vllm_rig/throughput.py --out "$out/throughput.json" 2>&1 \
     | tee "$out/throughput.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
+  tp) timeout "${TP_TIMEOUT:-560}" python3 scripts/vllm_rig/tp.py --out "$out/tp.json" ${TP_ARGS:-} 2>&1 \
+    | grep -v "^INFO\|^WARNING\|^(EngineCore\|^(Worker" | tee "$out/tp.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   profile) timeout "${PROFILE_TIMEOUT:-560}" python3 scripts/vllm_rig/engine_profile.py --out-dir "$out" ${PROFILE_ARGS:-} 2>&1 | grep -v "^INFO\|^WARNING\|^(EngineCore" \
     | tee "$out/profile.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-  *) echo "device.sh: unknown mode '$mode' (allowed: part0..part9, install, e2e, throughput, profile)" >&2; exit 2 ;;
+  *) echo "device.sh: unknown mode '$mode' (allowed: part0..part9, install, e2e, throughput, profile, tp)" >&2; exit 2 ;;
   esac
   [ $status = 0 ] || { echo "device.sh: mode $mode failed; stopping" >&2; exit 1; }
 done

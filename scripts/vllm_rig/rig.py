@@ -163,6 +163,7 @@ class EngineSpec:
     max_num_seqs: int = 16
     max_model_len: int = 4096
     kv_cache_gib: float = 1.0
+    tensor_parallel_size: int = 1
     capture_sizes: list[int] = field(default_factory=lambda: [1, 2, 4, 8, 16])
     calculate_kv_scales: bool = False
 
@@ -180,6 +181,7 @@ class EngineSpec:
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
             kv_cache_memory_bytes=int(self.kv_cache_gib * 2**30),
+            tensor_parallel_size=self.tensor_parallel_size,
             disable_log_stats=False,
         )
         if self.max_num_batched_tokens is not None:
