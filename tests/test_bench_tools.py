@@ -1,7 +1,8 @@
-"""The device benchmarks' offline helpers, on synthetic inputs (CPU only)."""
+"""The benchmark jobs' offline helpers (the results log, ncu's SASS table), on synthetic inputs (CPU only)."""
 
 import csv
 import io
+import json
 import sys
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
+import harness  # noqa: E402
 import sass_partitions  # noqa: E402
 
 _COLUMNS = [
@@ -138,3 +140,50 @@ def test_the_block_size_probe_names_a_malformed_configuration():
     for bad in ("64:200", "64:x:2", "", "auto,128:200:2:1"):
         with pytest.raises(ValueError, match="--configs: expected 'auto' or block_n:registers:stages"):
             block_n_probe.parse_configs(bad)
+
+
+def test_results_are_appended_one_json_object_a_line(tmp_path):
+    """A run's rows go after the log's earlier lines, each with the run's environment and its own figures."""
+    log = tmp_path / "results" / "results.jsonl"
+    meta = {"gpu": "GPU X", "date": "2026-11-29T00:00+00:00", "commit": "0123456789ab", "torch": "t", "triton": "3.6.0"}
+    assert harness.append_results(log, "decode", meta, [("H16 B1", {"us": 12.5, "passed": True})]) == 1
+    rows = [("H16 B128", {"us": 414.2, "graph_us": None}), ("H128 B1", {"us": float("nan")})]
+    assert harness.append_results(log, "decode", {**meta, "commit": None}, rows) == 2
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3
+    first = json.loads(lines[0])
+    assert first == {
+        "bench": "decode",
+        "gpu": "GPU X",
+        "date": "2026-11-29T00:00+00:00",
+        "commit": "0123456789ab",
+        "torch": "t",
+        "triton": "3.6.0",
+        "case": "H16 B1",
+        "figures": {"us": 12.5, "passed": True},
+    }
+    rows = harness.read_results(log)
+    assert [row["case"] for row in rows] == ["H16 B1", "H16 B128", "H128 B1"]
+    assert rows[1]["commit"] is None and rows[1]["figures"]["graph_us"] is None
+
+
+def test_the_environment_names_the_commit_and_the_versions(tmp_path, monkeypatch):
+    import torch
+    import triton
+
+    env = harness.environment(gpu="cpu")
+    assert (env["gpu"], env["torch"], env["triton"]) == ("cpu", torch.__version__, triton.__version__)
+    assert env["date"].endswith("+00:00")
+    commit = harness.git_commit()
+    assert commit is None or len(commit.removesuffix("-dirty")) == 12
+    # outside a git checkout (a device machine's copy of the tree) the variable names the commit
+    monkeypatch.setenv(harness.COMMIT_VARIABLE, "abc123")
+    assert harness.git_commit(tmp_path) == "abc123"
+
+
+def test_the_committed_results_log_is_well_formed():
+    rows = harness.read_results()
+    assert rows, "benchmarks/results/results.jsonl is empty"
+    for row in rows:
+        assert {"bench", "gpu", "date", "commit", "case", "figures"} <= row.keys(), row
+        assert row["bench"] in {"decode", "prefill"} and isinstance(row["figures"], dict)
