@@ -6,8 +6,6 @@ import json
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import harness  # noqa: E402
@@ -84,62 +82,6 @@ def test_the_report_lists_the_most_stalled_instructions_of_busy_partitions(tmp_p
     assert "most stalled instructions of dealloc 232 regs @0x30 (of 40 samples)" in text
     assert "| 30 | `LDL.64 R198, [R1+0x30]` | long_sb |" in text
     assert "FMUL" not in text.split("most stalled")[1] and "most stalled instructions of try_alloc" not in text
-
-
-def test_every_fp8_converter_variant_edits_the_bundled_fp8_modules_once():
-    """fp8_converter_variants.py times text edits of generated modules; a template change that moves an edited
-    line must fail here, not at the device."""
-    import fp8_converter_variants
-
-    root = Path(__file__).resolve().parent.parent / "generated"
-    for module in ("deepseek_v3_tp8_fp8.py", "mistral_small_4_fp8.py"):
-        source = (root / module).read_text()
-        for name, (_, edits) in fp8_converter_variants.VARIANTS.items():
-            edited = source
-            for text, replacement in edits:  # in turn, as edited_module applies them
-                assert edited.count(text) == 1, (module, name, text)
-                edited = edited.replace(text, replacement)
-
-
-def test_module_edits_must_match_once_and_variants_must_exist(tmp_path):
-    """A module edit that matches zero or two times, or an unknown variant name, is a ValueError naming it;
-    a clean edit gives an imported copy with the replacement."""
-    import types
-
-    import fp8_converter_variants
-
-    path = tmp_path / "generated_like.py"
-    path.write_text("VALUE = 1\nOTHER = 1\n")
-    module = types.SimpleNamespace(__file__=str(path))
-    copy = fp8_converter_variants.edited_module(module, [("VALUE = 1", "VALUE = 2")], tmp_path, "edit")
-    assert (copy.VALUE, copy.OTHER) == (2, 1)
-    with pytest.raises(ValueError, match="expected one 'MISSING' .* found 0"):
-        fp8_converter_variants.edited_module(module, [("MISSING", "x")], tmp_path, "missing")
-    with pytest.raises(ValueError, match="found 2"):
-        fp8_converter_variants.edited_module(module, [(" = 1\n", " = 3\n")], tmp_path, "twice")
-    with pytest.raises(ValueError, match=r"unknown \['no_such_variant'\]"):
-        fp8_converter_variants.variant_module(module, ["no_such_variant"], tmp_path)
-
-
-def test_the_block_size_probe_edits_a_bundled_16_bit_module_once():
-    """block_n_probe.py lets a caller's configuration take 128 cache positions a block by a text edit of a generated
-    module (whose long blocks give P's layout); a template change that moves the edited line must fail here."""
-    import block_n_probe
-
-    source = (Path(__file__).resolve().parent.parent / "generated" / "mistral_small_4.py").read_text()
-    for text, replacement in block_n_probe.EDITS:
-        assert source.count(text) == 1, text
-        source = source.replace(text, replacement)
-    assert "DECODE_GLUON_SPACE = ((128, 200, 2)" in source and "DECODE_GLUON_LONG_BLOCK_N = 128" in source
-
-
-def test_the_block_size_probe_names_a_malformed_configuration():
-    import block_n_probe
-
-    assert block_n_probe.parse_configs("auto,64:200:2") == [None, (64, 200, 2)]
-    for bad in ("64:200", "64:x:2", "", "auto,128:200:2:1"):
-        with pytest.raises(ValueError, match="--configs: expected 'auto' or block_n:registers:stages"):
-            block_n_probe.parse_configs(bad)
 
 
 def test_results_are_appended_one_json_object_a_line(tmp_path):
