@@ -11,10 +11,12 @@ Every case runs with the spec's bf16 cache and with an fp8 (e4m3) cache of the s
 time over the bf16 time of the same backend and over the fastest bf16 backend.
 
     python benchmarks/bench_decode.py [--out DIR] [--quick] [--sweep] [--compare-default] [--caches bf16,fp8]
+        [--append benchmarks/results/results.jsonl]
 
 --sweep times every configuration of the plan's autotune space on a few key cases (for tuning work);
 --compare-default also times the untuned default configuration beside the selected (tuned) one.
-Writes decode.json and decode.png into DIR (default: $OUT, else ./out) and prints a table last.
+Writes decode.json and decode.png into DIR (default: $OUT, else ./out) and prints a table last; --append adds
+one line per result to a results log (harness.py: GPU, date, commit, case, figures).
 """
 
 from __future__ import annotations
@@ -27,13 +29,14 @@ import json
 import os
 import sys
 import tempfile
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import harness
 import torch
 import triton
 import triton.testing
+from harness import host_us_per_call
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -139,11 +142,11 @@ def roofline() -> dict[str, float]:
     n = 1 << 30  # 1 GiB copy: bytes read + bytes written
     src = torch.randn(n // 2, dtype=torch.bfloat16, device="cuda")
     dst = torch.empty_like(src)
-    t_copy = triton.testing.do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+    t_copy = harness.median_ms(lambda: dst.copy_(src), warmup=50, rep=300)
     copy_gbps = 2 * n / (t_copy * 1e-3) / 1e9
     a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    t_mm = triton.testing.do_bench(lambda: a @ b, warmup=50, rep=300, return_mode="median")
+    t_mm = harness.median_ms(lambda: a @ b, warmup=50, rep=300)
     mm_tflops = 2 * 8192**3 / (t_mm * 1e-3) / 1e12
     return {"copy_gbps": copy_gbps, "matmul_tflops": mm_tflops}
 
@@ -220,8 +223,7 @@ def checked_call(module, call, inputs, max_len, out, lse, replayed=False) -> str
 def median_ms(fn, rep: int = 200) -> float:
     """do_bench median, measured twice; the second is kept (the first run after allocating and checking
     a case was seen to read up to 25% slow on fresh buffers)."""
-    triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
-    return triton.testing.do_bench(fn, warmup=25, rep=rep, return_mode="median")
+    return harness.median_ms(fn, warmup=25, rep=rep, repeat=2)
 
 
 def capture_graph(fn):
@@ -260,19 +262,6 @@ def time_stream(fn) -> float:
             fn()
 
     return median_ms(calls) / 20
-
-
-def host_us_per_call(call, calls: int = 100) -> float:
-    """Wall time per call issued back to back (no synchronisation between calls): the host's cost of a
-    call; when the GPU is slower than the host, the launch queue fills and this approaches the GPU time."""
-    call()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
 
 
 _EAGER_US: dict[tuple[str, str], float] = {}
@@ -332,7 +321,7 @@ def run_case(
     )
     if (case.name, cache) not in _EAGER_US:  # the same for every backend and merge of a case: timed once
         try:
-            eager_us = triton.testing.do_bench(eager, warmup=5, rep=100, return_mode="median") * 1e3
+            eager_us = harness.median_ms(eager, warmup=5, rep=100) * 1e3
         except torch.OutOfMemoryError:
             eager_us = float("nan")
         _EAGER_US[(case.name, cache)] = eager_us
@@ -404,10 +393,7 @@ def _time_schedule(module, inputs, sched, max_len, graph=False):
     )
     try:
         msg = checked_call(module, call, inputs, max_len, out, lse)
-        if graph:
-            us = time_graph(call) * 1e3
-        else:
-            us = triton.testing.do_bench(call, warmup=10, rep=60, return_mode="median") * 1e3
+        us = (time_graph(call) if graph else harness.median_ms(call, warmup=10, rep=60)) * 1e3
     except Exception as error:  # noqa: BLE001 - a config that fails to compile is reported, not fatal
         msg, us = f"{type(error).__name__}: {str(error)[:80]}", float("nan")
     return us, msg
@@ -602,6 +588,7 @@ def main() -> None:
         default="bf16,fp8",
         help="latent caches to time side by side: bf16 (the spec's) and fp8 (e4m3, same geometry and batch)",
     )
+    parser.add_argument("--append", type=Path, help="also append each result to this results log (JSON lines)")
     args = parser.parse_args()
     caches = tuple(args.caches.split(","))
     unknown = [c for c in caches if c not in CACHES]
@@ -610,13 +597,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(0)
     gen = torch.Generator().manual_seed(0)
-    gpu = torch.cuda.get_device_name()
-    meta = {
-        "gpu": gpu,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="minutes"),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-    }
+    meta = harness.environment(timespec="minutes")
+    gpu = meta["gpu"]
     print(f"# {gpu}, torch {torch.__version__}, triton {triton.__version__}, {meta['date']}", flush=True)
     roof = roofline()
     print(f"# roofline: copy {roof['copy_gbps']:.0f} GB/s, bf16 matmul {roof['matmul_tflops']:.0f} TFLOP/s", flush=True)
@@ -652,6 +634,9 @@ def main() -> None:
         json.dumps({**meta, "roofline": roof, "results": [asdict(r) for r in results]}, indent=1)
     )
     plot(results, args.out / "decode.png")
+    if args.append:
+        rows = [(r.case, {**{k: v for k, v in asdict(r).items() if k != "case"}, "roofline": roof}) for r in results]
+        print(f"# appended {harness.append_results(args.append, 'decode', meta, rows)} rows to {args.append}")
     print(
         f"\n## Decode, {gpu}, {meta['date'][:10]}, bf16 q/out, caches {'/'.join(caches)}, page {PAGE_SIZE}; "
         f"copy {roof['copy_gbps']:.0f} GB/s, matmul {roof['matmul_tflops']:.0f} TFLOP/s"

@@ -41,6 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import harness
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -395,6 +397,7 @@ def environment(args: argparse.Namespace) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "python": sys.version.split()[0],
         "triton_interpret": os.environ.get("TRITON_INTERPRET", "0"),
+        "commit": harness.git_commit(),
     }
     if args.device == "cuda" and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()

@@ -11,15 +11,15 @@ same random inputs, then it and the baselines are timed with `triton.testing.do_
 TFLOP/s counts half the causal square: B * H * S^2 * (Dqk + Dv). Also times chunked prefill (a chunk
 of new tokens against a long cached latent prefix) and, with --sweep, a set of tile configurations.
 
-    python benchmarks/bench_prefill.py [--out DIR] [--quick] [--sweep]
+    python benchmarks/bench_prefill.py [--out DIR] [--quick] [--sweep] [--append benchmarks/results/results.jsonl]
 
-Writes prefill.json and prefill.png into DIR (default: $OUT, else ./out) and prints a table last.
+Writes prefill.json and prefill.png into DIR (default: $OUT, else ./out) and prints a table last; --append adds
+one line per case and chunked case to a results log (harness.py: GPU, date, commit, case, figures).
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -28,10 +28,10 @@ import time
 import traceback
 from pathlib import Path
 
+import harness
 import torch
 import torch.nn.functional as F
 import triton
-import triton.testing
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -78,7 +78,7 @@ def bench(fn) -> float:
         start = time.perf_counter()
         fn()
         return (time.perf_counter() - start) * 1e3
-    return triton.testing.do_bench(fn, warmup=25, rep=150, return_mode="median")
+    return harness.median_ms(fn, warmup=25, rep=150)
 
 
 def make_inputs(module, batch, seqlen, gen, device):
@@ -291,6 +291,7 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time every configuration in SWEEP")
     parser.add_argument("--no-chunked", action="store_true")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU interpreter (tests the script)")
+    parser.add_argument("--append", type=Path, help="also append each case to this results log (JSON lines)")
     args = parser.parse_args()
     global DRY_RUN, SHAPES, SWEEP  # noqa: PLW0603
     if args.dry_run:
@@ -303,12 +304,7 @@ def main() -> None:
     torch._dynamo.config.cache_size_limit = 64
     device = torch.device("cpu" if DRY_RUN else "cuda")
     gpu = "cpu (dry run)" if DRY_RUN else torch.cuda.get_device_name()
-    meta = {
-        "gpu": gpu,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-    }
+    meta = harness.environment(timespec="seconds", gpu=gpu)
     print(f"# {gpu} | torch {torch.__version__} | triton {triton.__version__} | {meta['date']}", flush=True)
     gen = torch.Generator(device=device).manual_seed(0)
     rows, checks, sweeps, chunked = [], {}, [], []
@@ -347,6 +343,10 @@ def main() -> None:
     except Exception:  # noqa: BLE001
         traceback.print_exc()
     print_table(rows, chunked, meta)
+    if args.append:
+        cases = [(row["case"], {k: v for k, v in row.items() if k != "case"}) for row in rows]
+        cases += [(f"chunked H={c['heads']} chunk={c['chunk']} prefix={c['prefix']}", c) for c in chunked]
+        print(f"# appended {harness.append_results(args.append, 'prefill', meta, cases)} rows to {args.append}")
 
 
 def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:

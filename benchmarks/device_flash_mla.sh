@@ -57,6 +57,6 @@ grep -h "^NOT APPLICABLE" /tmp/logs/*.log | head -5
 tar -czf "$OUT/logs_$mode.tar.gz" -C /tmp logs  # (at most 8 files come back: the logs and counts travel as one)
 [ "$mode" = rerun ] && exit 0
 # alone on the GPU from here: timings
-timeout 100 python3 benchmarks/latency_probe.py --partials --only "B1 H16" 2>&1 | tee "$OUT/latency_partials.log" \
+timeout 100 python3 benchmarks/probes/latency_probe.py --partials --only "B1 H16" 2>&1 | tee "$OUT/latency_partials.log" \
   | grep -v "^#" | cut -c1-240
 timeout 60 python3 benchmarks/flash_mla_dropin.py host --json "$OUT/host.json" 2>&1 | tail -22

@@ -21,11 +21,12 @@ from .tuning import TUNING_DB_ENV, read_db
 
 __all__ = ["KnobState", "knob_states"]
 
-#: read by the test suite only (tests/conftest.py, tests/test_bad_values_isolated.py)
+#: read by the test suite (tests/conftest.py, tests/test_bad_values_isolated.py) and the benchmark jobs only
 TEST_KNOBS = {
     "MLAGEN_HYPOTHESIS_PROFILE": "hypothesis profile of the tests (dev, ci)",
     "MLAGEN_ISOLATE": "tests: 'spawn' runs each isolated case in a fresh interpreter",
     "MLAGEN_TEST_VLLM": "scripts/test.sh: 0 leaves out the vLLM integration's run in .venv-vllm",
+    "MLAGEN_BENCH_COMMIT": "benchmarks/harness.py: the commit a copy of the tree without .git records results as",
 }
 
 #: read by the integrations: name -> (allowed values, meaning); unset is the first value's behaviour

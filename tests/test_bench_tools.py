@@ -1,14 +1,14 @@
-"""The device benchmarks' offline helpers, on synthetic inputs (CPU only)."""
+"""The benchmark jobs' offline helpers (the results log, ncu's SASS table), on synthetic inputs (CPU only)."""
 
 import csv
 import io
+import json
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
+import harness  # noqa: E402
 import sass_partitions  # noqa: E402
 
 _COLUMNS = [
@@ -84,57 +84,48 @@ def test_the_report_lists_the_most_stalled_instructions_of_busy_partitions(tmp_p
     assert "FMUL" not in text.split("most stalled")[1] and "most stalled instructions of try_alloc" not in text
 
 
-def test_every_fp8_converter_variant_edits_the_bundled_fp8_modules_once():
-    """fp8_converter_variants.py times text edits of generated modules; a template change that moves an edited
-    line must fail here, not at the device."""
-    import fp8_converter_variants
-
-    root = Path(__file__).resolve().parent.parent / "generated"
-    for module in ("deepseek_v3_tp8_fp8.py", "mistral_small_4_fp8.py"):
-        source = (root / module).read_text()
-        for name, (_, edits) in fp8_converter_variants.VARIANTS.items():
-            edited = source
-            for text, replacement in edits:  # in turn, as edited_module applies them
-                assert edited.count(text) == 1, (module, name, text)
-                edited = edited.replace(text, replacement)
-
-
-def test_module_edits_must_match_once_and_variants_must_exist(tmp_path):
-    """A module edit that matches zero or two times, or an unknown variant name, is a ValueError naming it;
-    a clean edit gives an imported copy with the replacement."""
-    import types
-
-    import fp8_converter_variants
-
-    path = tmp_path / "generated_like.py"
-    path.write_text("VALUE = 1\nOTHER = 1\n")
-    module = types.SimpleNamespace(__file__=str(path))
-    copy = fp8_converter_variants.edited_module(module, [("VALUE = 1", "VALUE = 2")], tmp_path, "edit")
-    assert (copy.VALUE, copy.OTHER) == (2, 1)
-    with pytest.raises(ValueError, match="expected one 'MISSING' .* found 0"):
-        fp8_converter_variants.edited_module(module, [("MISSING", "x")], tmp_path, "missing")
-    with pytest.raises(ValueError, match="found 2"):
-        fp8_converter_variants.edited_module(module, [(" = 1\n", " = 3\n")], tmp_path, "twice")
-    with pytest.raises(ValueError, match=r"unknown \['no_such_variant'\]"):
-        fp8_converter_variants.variant_module(module, ["no_such_variant"], tmp_path)
+def test_results_are_appended_one_json_object_a_line(tmp_path):
+    """A run's rows go after the log's earlier lines, each with the run's environment and its own figures."""
+    log = tmp_path / "results" / "results.jsonl"
+    meta = {"gpu": "GPU X", "date": "2026-11-29T00:00+00:00", "commit": "0123456789ab", "torch": "t", "triton": "3.6.0"}
+    assert harness.append_results(log, "decode", meta, [("H16 B1", {"us": 12.5, "passed": True})]) == 1
+    rows = [("H16 B128", {"us": 414.2, "graph_us": None}), ("H128 B1", {"us": float("nan")})]
+    assert harness.append_results(log, "decode", {**meta, "commit": None}, rows) == 2
+    lines = log.read_text().splitlines()
+    assert len(lines) == 3
+    first = json.loads(lines[0])
+    assert first == {
+        "bench": "decode",
+        "gpu": "GPU X",
+        "date": "2026-11-29T00:00+00:00",
+        "commit": "0123456789ab",
+        "torch": "t",
+        "triton": "3.6.0",
+        "case": "H16 B1",
+        "figures": {"us": 12.5, "passed": True},
+    }
+    rows = harness.read_results(log)
+    assert [row["case"] for row in rows] == ["H16 B1", "H16 B128", "H128 B1"]
+    assert rows[1]["commit"] is None and rows[1]["figures"]["graph_us"] is None
 
 
-def test_the_block_size_probe_edits_a_bundled_16_bit_module_once():
-    """block_n_probe.py lets a caller's configuration take 128 cache positions a block by a text edit of a generated
-    module (whose long blocks give P's layout); a template change that moves the edited line must fail here."""
-    import block_n_probe
+def test_the_environment_names_the_commit_and_the_versions(tmp_path, monkeypatch):
+    import torch
+    import triton
 
-    source = (Path(__file__).resolve().parent.parent / "generated" / "mistral_small_4.py").read_text()
-    for text, replacement in block_n_probe.EDITS:
-        assert source.count(text) == 1, text
-        source = source.replace(text, replacement)
-    assert "DECODE_GLUON_SPACE = ((128, 200, 2)" in source and "DECODE_GLUON_LONG_BLOCK_N = 128" in source
+    env = harness.environment(gpu="cpu")
+    assert (env["gpu"], env["torch"], env["triton"]) == ("cpu", torch.__version__, triton.__version__)
+    assert env["date"].endswith("+00:00")
+    commit = harness.git_commit()
+    assert commit is None or len(commit.removesuffix("-dirty")) == 12
+    # outside a git checkout (a device machine's copy of the tree) the variable names the commit
+    monkeypatch.setenv(harness.COMMIT_VARIABLE, "abc123")
+    assert harness.git_commit(tmp_path) == "abc123"
 
 
-def test_the_block_size_probe_names_a_malformed_configuration():
-    import block_n_probe
-
-    assert block_n_probe.parse_configs("auto,64:200:2") == [None, (64, 200, 2)]
-    for bad in ("64:200", "64:x:2", "", "auto,128:200:2:1"):
-        with pytest.raises(ValueError, match="--configs: expected 'auto' or block_n:registers:stages"):
-            block_n_probe.parse_configs(bad)
+def test_the_committed_results_log_is_well_formed():
+    rows = harness.read_results()
+    assert rows, "benchmarks/results/results.jsonl is empty"
+    for row in rows:
+        assert {"bench", "gpu", "date", "commit", "case", "figures"} <= row.keys(), row
+        assert row["bench"] in {"decode", "prefill"} and isinstance(row["figures"], dict)
