@@ -42,7 +42,10 @@ def test_bundled_specs_render_gluon_source(name):
     assert plan.convert_cache == spec.cache_scaled  # an fp8 cache: converted by the producer into float16 stages
     source = module_source(spec)
     assert "def _mla_decode_gluon_kernel(" in source and "gl.warp_specialize(" in source
-    assert "def _gluon_producer_convert(" in source
+    # the fp8 converters and landing rings only where the cache is fp8 (a 16-bit cache's module never runs them)
+    fp8 = ("def _gluon_producer_convert(", "def _gluon_land_issuer(", "def _fp8_e4m3_round(", "_GLUON_LAYOUT_LAND")
+    for fragment in fp8:
+        assert (fragment in source) == spec.cache_scaled, fragment
     compile(source, f"<{name}>", "exec")
 
 
