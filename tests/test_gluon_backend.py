@@ -239,3 +239,11 @@ def test_fp8_module_selects_gluon_on_hopper(tmp_path):
     assert backend == "gluon", reason
     assert module.select_decode_backend("auto", capability=(8, 0), **facts)[0] == "triton"
     assert module.select_decode_backend("triton", capability=(9, 0), **facts)[0] == "triton"
+
+
+def test_a_geometry_the_gluon_plan_rejects_renders_no_gluon_code():
+    spec = spec_from_dict(dict(name="no-gluon", num_heads=4, kv_lora_rank=96, qk_rope_head_dim=16, **GEOMETRY))
+    assert not lower(spec).decode.gluon.eligible
+    source = module_source(spec)
+    assert "@gluon.jit" not in source and "triton.experimental" not in source and "_mla_decode_gluon" not in source
+    compile(source, "<no-gluon>", "exec")

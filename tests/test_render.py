@@ -58,7 +58,9 @@ def _imports(tree):
             module = node.module or ""
             packages.add(module.split(".")[0] if node.level == 0 else "mlagen_compiler")
             if node.level or module.startswith("mlagen_compiler"):
-                mlagen.add(module.removeprefix("mlagen_compiler").lstrip(".") or "(package)")
+                submodule = module.removeprefix("mlagen_compiler").lstrip(".")
+                # (`from mlagen_compiler import runtime`: the names imported are the submodules)
+                mlagen |= {submodule} if submodule else {alias.name for alias in node.names}
     return packages, mlagen
 
 
