@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_decode import PAGE_SIZE, bytes_and_flops, lengths, make_inputs, module_for  # noqa: E402
 from fp8_decode_sweep import report, timed  # noqa: E402
 
-from mlagen_compiler import import_module_from_path  # noqa: E402
+from mlagen_compiler import import_module_from_path, launch_policy, runtime  # noqa: E402
 
 _TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "decode_gluon.py.jinja"
 
@@ -261,7 +261,13 @@ _CONVERT_LOOP_PAIR = """\
                         it += 1
 """
 
-#: name -> (why, [(text, replacement)]): edits of the generated fp8 module
+#: an edit whose text starts with one of these edits the host code the generated modules import instead of the
+#: module: mlagen_compiler/runtime.py or launch_policy.py, in copies that the variant's module imports
+RUNTIME_EDIT = "runtime:"
+POLICY_EDIT = "policy:"
+
+#: name -> (why, [(text, replacement)]): edits of the generated fp8 module (or of its runtime: RUNTIME_EDIT,
+#: POLICY_EDIT)
 VARIANTS = {
     "no_prefetch": (
         "the word converter without its bulk L2 prefetch of the next block (the form before 2026-11-26 06:30 UTC; "
@@ -415,7 +421,7 @@ VARIANTS = {
     "balanced": (
         "runs balanced over every SM (a run may cross sequences: SMs // row blocks runs) instead of aligned to "
         "sequences where they fill 90% of a wave",
-        [("ALIGNED_RUNS_MIN_OCCUPANCY = 0.9", "ALIGNED_RUNS_MIN_OCCUPANCY = 1.01")],
+        [(POLICY_EDIT + "ALIGNED_RUNS_MIN_OCCUPANCY = 0.9", "ALIGNED_RUNS_MIN_OCCUPANCY = 1.01")],
     ),
     "pv104": (
         "the P V warpgroup (and the other non-default partitions' budget) at 104 registers instead of the tuned 168",
@@ -511,9 +517,8 @@ VARIANTS = {
         "(it takes the schedule's block_n, 64, otherwise); rows as M only (the narrow form needs 64 positions)",
         [
             (
-                "BLOCK_N=schedule.config[0], BLOCK_B=schedule.block_b,",
-                "BLOCK_N=DECODE_GLUON_BLOCK_N if schedule.backend == 'gluon' else schedule.config[0], "
-                "BLOCK_B=schedule.block_b,",
+                RUNTIME_EDIT + "BLOCK_N=schedule.config[0],",
+                "BLOCK_N=m.DECODE_GLUON_BLOCK_N if schedule.backend == 'gluon' else schedule.config[0],",
             )
         ],
     ),
@@ -522,8 +527,8 @@ VARIANTS = {
             f"the combine launch in {warps} warps a program instead of the schedule's (combine_warps; any module)",
             [
                 (
-                    "num_warps=schedule.combine_warps, num_stages=2, launch_pdl=schedule.pdl,",
-                    f"num_warps={warps}, num_stages=2, launch_pdl=schedule.pdl,",
+                    RUNTIME_EDIT + "num_warps=schedule.combine_warps,",
+                    f"num_warps={warps},",
                 )
             ],
         )
@@ -561,8 +566,8 @@ VARIANTS = {
                 else " in a ring of its own"
             ),
             [
-                ('ring_slots=sizes["land_ring_slots"],', f"ring_slots={slots},"),
-                ('fewest_blocks, sizes["land_ring_slots"]\n', f"fewest_blocks, {slots}\n"),
+                (POLICY_EDIT + 'ring_slots=sizes["land_ring_slots"],', f"ring_slots={slots},"),
+                (POLICY_EDIT + 'fewest_blocks, sizes["land_ring_slots"]\n', f"fewest_blocks, {slots}\n"),
             ],
         )
         for slots in (1, 2, 3, 4)
@@ -572,7 +577,7 @@ VARIANTS = {
         "own, its query filling the tile), where the launch policy gives them the row-loading converter",
         [
             (
-                "if gluon_land_ring(\n        query_rows=query_rows,",
+                POLICY_EDIT + "if gluon_land_ring(\n        query_rows=query_rows,",
                 'if gluon_land_ring(\n        query_rows=min(query_rows, sizes["block_m"]),',
             )
         ],
@@ -583,7 +588,7 @@ VARIANTS = {
         [
             ("DECODE_GLUON_LONG_BLOCK_N = 0", "DECODE_GLUON_LONG_BLOCK_N = 128"),
             (
-                'long_block_n=sizes["long_block_n"],\n        **common,',
+                POLICY_EDIT + 'long_block_n=sizes["long_block_n"],\n        **common,',
                 'long_block_n=sizes["long_block_n"],\n        **{**common, "fp8_cache": False},',
             ),
         ],
@@ -592,14 +597,14 @@ VARIANTS = {
         "split sequences merged by the combine launch where the launch policy fuses the merge (rows as M)",
         [
             (
-                'return "fused" if backend == "gluon" and not narrow',
+                POLICY_EDIT + 'return "fused" if backend == "gluon" and not narrow',
                 'return "kernel" if backend == "gluon" and not narrow',
             )
         ],
     ),
     "ring_s3": (
         "the landing ring beside 3 16-bit stages instead of the plan's",
-        [('(block_n, registers, sizes["land_ring_stages"])', "(block_n, registers, 3)")],
+        [(POLICY_EDIT + '(block_n, registers, sizes["land_ring_stages"])', "(block_n, registers, 3)")],
     ),
     **{
         f"s{stages}": (
@@ -643,16 +648,47 @@ CASES = [
 ]
 
 
-def edited_module(module, edits: list[tuple[str, str]], folder: Path, suffix: str):
-    """A copy of a generated module with text edits applied, imported from its own file `<stem>__<suffix>.py`.
-    Each edit's text must occur exactly once, so a template change that moves an edited line fails here."""
-    source = Path(module.__file__).read_text()
+def host_sources() -> dict[str, str]:
+    """The host code a generated module imports, as the edits see it: {"runtime": ..., "policy": ...}."""
+    return {"runtime": Path(runtime.__file__).read_text(), "policy": Path(launch_policy.__file__).read_text()}
+
+
+def apply_edits(source: str, edits: list[tuple[str, str]], suffix: str) -> dict[str, str]:
+    """{"module", "runtime", "policy": text} with the edits applied in turn, each to the text its prefix names
+    (none: the module). Each edit's text must occur exactly once, so a change that moves an edited line fails."""
+    sources = {"module": source, **host_sources()}
     for text, replacement in edits:
-        count = source.count(text)
+        where = next((name for name, prefix in (("runtime", RUNTIME_EDIT), ("policy", POLICY_EDIT))
+                      if text.startswith(prefix)), "module")  # fmt: skip
+        text = text.split(":", 1)[1] if where != "module" else text
+        count = sources[where].count(text)
         if count != 1:
-            raise ValueError(f"{suffix}: expected one {text!r} in {module.__file__}, found {count}")
-        source = source.replace(text, replacement)
-    path = folder / f"{Path(module.__file__).stem}__{suffix}.py"
+            raise ValueError(f"{suffix}: expected one {text!r} in the {where} source, found {count}")
+        sources[where] = sources[where].replace(text, replacement)
+    return sources
+
+
+def edited_module(module, edits: list[tuple[str, str]], folder: Path, suffix: str):
+    """A copy of a generated module with text edits applied, imported from its own file `<stem>__<suffix>.py`;
+    where an edit changes its runtime (apply_edits), beside it its own copies of mlagen_compiler.runtime and
+    launch_policy (`<stem>__<suffix>_runtime.py`, `..._policy.py`), which it imports instead."""
+    sources = apply_edits(Path(module.__file__).read_text(), edits, suffix)
+    stem = f"{Path(module.__file__).stem}__{suffix}"
+    source = sources["module"]
+    if any(sources[name] != text for name, text in host_sources().items()):
+        policy, copied_runtime = f"{stem}_policy", f"{stem}_runtime"
+        (folder / f"{policy}.py").write_text(sources["policy"])
+        (folder / f"{copied_runtime}.py").write_text(
+            sources["runtime"].replace("from .launch_policy import", f"from {policy} import")
+        )
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+        source = source.replace(
+            "from mlagen_compiler import runtime as _runtime", f"import {copied_runtime} as _runtime"
+        )
+        source = source.replace("from mlagen_compiler.runtime import", f"from {copied_runtime} import")
+        source = source.replace("from mlagen_compiler.launch_policy import", f"from {policy} import")
+    path = folder / f"{stem}.py"
     path.write_text(source)
     return import_module_from_path(path)
 

@@ -1365,6 +1365,9 @@ def decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse
     )
 
 
+# ---- prefill, chunked prefill, the attention-state merge ------------------------------------------------
+
+
 def prefill_config(m, device=None, bucket="causal"):
     """The (block_m, block_n, num_warps, num_stages) a prefill launch on `device` uses.
 
@@ -1794,6 +1797,9 @@ def mla_chunked_prefill(
         config if config is not None else prefill_config(m, device, "causal"),
     )
     return merge_attn_states(m, o_prefix, lse_prefix, o_new, lse_new, out=out, out_lse=lse, return_lse=return_lse)
+
+
+# ---- cache write --------------------------------------------------------------------------------------
 
 
 def mla_cache_write(m, c_kv, k_pe, kv_cache, slot_mapping, *, kv_scale=None, validate=None):

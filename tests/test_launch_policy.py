@@ -187,9 +187,9 @@ def test_buckets_and_small_helpers():
 def test_imported_by_generated_modules_not_copied():
     source = module_source(spec_from_dict(dict(name="policy", num_heads=4, kv_lora_rank=64, qk_rope_head_dim=16,
                                                qk_nope_head_dim=16, v_head_dim=16)))  # fmt: skip
-    assert "from mlagen_compiler.launch_policy import (" in source
+    assert "from mlagen_compiler.launch_policy import " in source
     assert "def select_decode_backend(" not in source and "ENV_KNOBS = {" not in source
-    module_globals = {}
+    module_globals = {"__name__": "policy_module"}
     exec(compile(source, "<policy>", "exec"), module_globals)
     assert module_globals["select_decode_backend"] is lp.select_decode_backend
 
