@@ -125,7 +125,7 @@ def verify_command(
     """
     from .verify import use_interpreter_if_no_gpu, verify_module
 
-    os.environ["MLAGEN_VALIDATE"] = "1"  # index values checked on the GPU too (read when a module is imported)
+    os.environ["MLAGEN_VALIDATE"] = "1"  # index values checked on the GPU too (read when mlagen's runtime is imported)
 
     chosen = _specs(specs or [], all_bundled, spec_dir)
     on_gpu = use_interpreter_if_no_gpu()

@@ -1,9 +1,9 @@
 """Every `MLAGEN_*` environment variable in one table: its value, what it takes and whether it is valid.
 
-Two kinds: the generated modules' switches (`launch_policy.ENV_KNOBS`, checked there by `env_knob`, which the
-modules run verbatim at import and call time) and the compiler's paths (cache directory, spec directories,
-user tuning database), checked here with the same rules their readers apply. `mlagen env` prints
-`knob_states()`; a variable named `MLAGEN_*` that nothing reads (a typo) is listed as such.
+Two kinds: the generated modules' switches (`launch_policy.ENV_KNOBS`, checked there by `env_knob`, which
+mlagen_compiler.runtime and the modules run at import and call time) and the compiler's paths (cache
+directory, spec directories, user tuning database), checked here with the same rules their readers apply.
+`mlagen env` prints `knob_states()`; a variable named `MLAGEN_*` that nothing reads (a typo) is listed as such.
 """
 
 from __future__ import annotations

@@ -2,10 +2,9 @@
 cache is split into runs, which tile configuration, which combine tile, whether tiles come through TMA.
 
 Plain Python on numbers (no torch, no triton, standard library only): unit-tested on its own
-(tests/test_launch_policy.py) and emitted verbatim into every generated module below its notation block, so
-the module stays standalone and its wrappers only gather facts (shapes, strides, SM count, capability),
-call these functions and launch. Tables (autotune spaces, defaults, tuned configurations) come from the
-plan and are passed in as arguments.
+(tests/test_launch_policy.py) and imported by every generated module (with mlagen_compiler.runtime), whose
+wrappers only gather facts (shapes, strides, SM count, capability), call these functions and launch. Tables
+(autotune spaces, defaults, tuned configurations) come from the plan and are passed in as arguments.
 """
 
 #: decode backends a module may run, in order of preference

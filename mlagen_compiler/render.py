@@ -7,7 +7,6 @@ the same bytes.
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import json
@@ -28,9 +27,6 @@ from .triton_support import TRITON_BELOW, TRITON_MIN, unsupported_message
 
 __all__ = ["render_module", "templates_digest"]
 
-#: SM count assumed under the interpreter, so CPU runs still split the cache into several runs
-INTERPRETER_SM_COUNT = 2
-
 
 @functools.lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
@@ -46,8 +42,9 @@ def _environment() -> jinja2.Environment:
 
 def generator_sources() -> list[Path]:
     """The files that decide a generated module's content besides the spec and tuning: every template, and the
-    pipeline stages that fill them (spec validation, the plan's constants, rendering, the launch policy emitted
-    verbatim), so that a change to any of them makes a new cache entry even within one mlagen version."""
+    pipeline stages that fill them (spec validation, the plan's constants, rendering, the launch policy that
+    checks tuned configurations), so that a change to any of them makes a new cache entry even within one mlagen
+    version. (The runtime a module imports, runtime.py and launch_policy.py, is not rendered into it.)"""
     package = Path(__file__).resolve().parent
     stages = [package / name for name in ("spec.py", "plan.py", "render.py")]
     return [*sorted(template_dir().glob("*.jinja")), *stages, Path(launch_policy.__file__)]
@@ -59,14 +56,6 @@ def templates_digest() -> str:
     for path in generator_sources():
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()
-
-
-@functools.cache
-def launch_policy_source() -> str:
-    """mlagen_compiler/launch_policy.py without its module docstring: emitted verbatim into every module."""
-    source = Path(launch_policy.__file__).read_text()
-    docstring = ast.parse(source).body[0]
-    return "".join(source.splitlines(keepends=True)[docstring.end_lineno :]).strip() + "\n"
 
 
 def _literal(value: Any) -> str:
@@ -115,7 +104,6 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "spec_name": spec.name,
         "spec_hash": plan.spec_hash,
         "templates_hash": templates_digest(),
-        "launch_policy": launch_policy_source(),
         "tuning_source": tuning_source(tuned),
         "spec_literal": _literal(spec.to_flat_dict()),
         "num_heads": plan.num_heads,
@@ -129,7 +117,6 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "cache_scaled": plan.cache_scaled,
         "softmax_scale": repr(plan.softmax_scale),
         "softmax_scale_max": repr(SOFTMAX_SCALE_CALL_MAX),
-        "interpreter_sm_count": INTERPRETER_SM_COUNT,
         "triton_min": repr(TRITON_MIN),
         "triton_below": repr(TRITON_BELOW),
         "triton_warning": repr(unsupported_message("{installed}")),

@@ -18,6 +18,7 @@ from helpers import DEEPSEEK_V3_TP8_SPEC, SMALL_SPEC
 from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
+from mlagen_compiler import runtime
 from mlagen_compiler.plan import lower_gluon_decode
 from mlagen_compiler.testing import DecodeProblem, assert_decode_matches_reference, decode_inputs
 from mlagen_compiler.verify import compare, decode_reference, make_decode_inputs
@@ -528,7 +529,7 @@ def test_skewed_small_batch_with_and_without_runs_of_one_sequence(build_module, 
         dtype="bfloat16",
         nan_unused=True,
     )
-    with patch.object(module, "decode_sequence_runs", lambda *args, **kwargs: sequence_runs):
+    with patch.object(runtime, "decode_sequence_runs", lambda *args, **kwargs: sequence_runs):
         schedule = module.get_decode_schedule(5, 2, device, num_parts=7, min_blocks_per_part=1, backend=backend)
         assert schedule.sequence_runs is sequence_runs
         check_decode(module, device, problem, backend, calls=2)
@@ -560,8 +561,8 @@ def test_partial_rows_in_either_dtype_with_or_without_l2_hints(
         nan_unused=True,
     )
     with (
-        patch.object(module, "decode_partials_in_dtype", lambda *args: in_dtype),
-        patch.object(module, "decode_keep_partials", lambda: keep),
+        patch.object(runtime, "decode_partials_in_dtype", lambda *args: in_dtype),
+        patch.object(runtime, "decode_keep_partials", lambda: keep),
     ):
         schedule = module.get_decode_schedule(3, 1, device, num_parts=6, min_blocks_per_part=1, backend=backend)
         assert schedule.keep_partials is keep

@@ -42,7 +42,10 @@ def test_bundled_specs_render_gluon_source(name):
     assert plan.convert_cache == spec.cache_scaled  # an fp8 cache: converted by the producer into float16 stages
     source = module_source(spec)
     assert "def _mla_decode_gluon_kernel(" in source and "gl.warp_specialize(" in source
-    assert "def _gluon_producer_convert(" in source
+    # the fp8 converters and landing rings only where the cache is fp8 (a 16-bit cache's module never runs them)
+    fp8 = ("def _gluon_producer_convert(", "def _gluon_land_issuer(", "def _fp8_e4m3_round(", "_GLUON_LAYOUT_LAND")
+    for fragment in fp8:
+        assert (fragment in source) == spec.cache_scaled, fragment
     compile(source, f"<{name}>", "exec")
 
 
@@ -236,3 +239,11 @@ def test_fp8_module_selects_gluon_on_hopper(tmp_path):
     assert backend == "gluon", reason
     assert module.select_decode_backend("auto", capability=(8, 0), **facts)[0] == "triton"
     assert module.select_decode_backend("triton", capability=(9, 0), **facts)[0] == "triton"
+
+
+def test_a_geometry_the_gluon_plan_rejects_renders_no_gluon_code():
+    spec = spec_from_dict(dict(name="no-gluon", num_heads=4, kv_lora_rank=96, qk_rope_head_dim=16, **GEOMETRY))
+    assert not lower(spec).decode.gluon.eligible
+    source = module_source(spec)
+    assert "@gluon.jit" not in source and "triton.experimental" not in source and "_mla_decode_gluon" not in source
+    compile(source, "<no-gluon>", "exec")

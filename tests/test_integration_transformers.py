@@ -26,7 +26,7 @@ from hypothesis import strategies as st  # noqa: E402
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 from transformers.cache_utils import DynamicCache  # noqa: E402
 
-from mlagen_compiler import load_spec  # noqa: E402
+from mlagen_compiler import load_spec, runtime  # noqa: E402
 from mlagen_compiler.integrations import transformers as hf  # noqa: E402
 from mlagen_compiler.integrations.transformers import PagedMLACache, patch_model, spec_from_config  # noqa: E402
 from mlagen_compiler.plan import softmax_scale_of  # noqa: E402
@@ -660,8 +660,7 @@ def test_a_planned_model_step_captures_in_a_cuda_graph(monkeypatch):
     logits of the same step run eagerly."""
     monkeypatch.setenv("MLAGEN_VALIDATE", "0")
     model = patched(tiny_v3(seed=20).cuda(), torch.float16)
-    for module in {model._mlagen_patch.module}:
-        monkeypatch.setattr(module, "_VALIDATE_ALWAYS", False)  # validation synchronises: not capturable
+    monkeypatch.setattr(runtime, "_VALIDATE_ALWAYS", False)  # validation synchronises: not capturable
     gen = torch.Generator().manual_seed(21)
     prompt, token = (torch.randint(1, VOCAB, (2, n), generator=gen).cuda() for n in (5, 1))
     cache = PagedMLACache(model, max_batch_size=2, max_cache_len=8)

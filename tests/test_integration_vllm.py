@@ -53,6 +53,7 @@ from vllm.platforms import current_platform  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
 
+from mlagen_compiler import runtime  # noqa: E402
 from mlagen_compiler.integrations import vllm as backend  # noqa: E402
 from mlagen_compiler.reference import attention, causal_mask, dequantize_cache, quantize_latent  # noqa: E402
 from mlagen_compiler.verify import LSE_TOLERANCE, compare  # noqa: E402
@@ -531,9 +532,8 @@ def test_decode_step_replays_from_cuda_graph(world, model_dir, cache_dtype):
     each replay equals float64 MLA and writes exactly its rows."""
     rig = Rig(model_dir, block_size=64, cache_dtype=cache_dtype, lengths=[70, 40], seed=11)
     rig.step([(0, 0, 60), (1, 0, 30)])
-    module = rig.builder.module
-    validate = module._VALIDATE_ALWAYS
-    module._VALIDATE_ALWAYS = False  # conftest's MLAGEN_VALIDATE=1 reads index values back: not capturable
+    validate = runtime._VALIDATE_ALWAYS
+    runtime._VALIDATE_ALWAYS = False  # conftest's MLAGEN_VALIDATE=1 reads index values back: not capturable
     try:
         step = [(0, 60, 1), (1, 30, 1)]
         common, buffers = rig.inputs(step, padding=2, graph_requests=4)
@@ -557,7 +557,7 @@ def test_decode_step_replays_from_cuda_graph(world, model_dir, cache_dtype):
             _check(out[:2].cpu(), rig.reference(step, decodes=2), f"replay at {position}")
         rig.check_cache({0: 63, 1: 33})
     finally:
-        module._VALIDATE_ALWAYS = validate
+        runtime._VALIDATE_ALWAYS = validate
 
 
 def test_decode_schedules_kept(world, model_dir):

@@ -10,6 +10,7 @@ import torch
 import triton
 from helpers import SMALL_SPEC
 
+from mlagen_compiler import runtime
 from mlagen_compiler.verify import compare_with_lse, decode_reference, make_decode_inputs
 
 SPEC = {**SMALL_SPEC, "name": "prepared", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"}
@@ -140,7 +141,7 @@ def test_prepared_launch_puts_in_tensors_and_remakes_descriptors(build_module):
     a, b = call_tensors()
     work = torch.zeros(4)
     descriptor = module.TensorDescriptor(b[:, 8:], [32, 16], [24, 1], [16, 16])
-    launch = module._PreparedLaunch(kernel, (2,), (a, b), (work,), (a, descriptor, work, 7), {"X": 3}, num_warps=4)
+    launch = runtime._PreparedLaunch(kernel, (2,), (a, b), (work,), (a, descriptor, work, 7), {"X": 3}, num_warps=4)
     assert launch.reusable
     assert not any(v is a or v is b for v in launch.values)
     a2, b2 = call_tensors()
@@ -159,9 +160,9 @@ def test_prepared_launch_is_not_reusable_with_a_per_call_copy(build_module):
     a, b = torch.randn(8, 16), torch.randn(32, 16)
     copied = module.TensorDescriptor(b.clone(), [32, 16], [16, 1], [16, 16])
     args = (a, copied, torch.zeros(4), 7)
-    assert not module._PreparedLaunch(_RecordingKernel(), (1,), (a, b), (), args, {"X": 3}, num_warps=4).reusable
+    assert not runtime._PreparedLaunch(_RecordingKernel(), (1,), (a, b), (), args, {"X": 3}, num_warps=4).reusable
     unowned = (a, None, torch.zeros(4), 7)
-    assert not module._PreparedLaunch(_RecordingKernel(), (1,), (a, b), (), unowned, {"X": 3}, num_warps=4).reusable
+    assert not runtime._PreparedLaunch(_RecordingKernel(), (1,), (a, b), (), unowned, {"X": 3}, num_warps=4).reusable
 
 
 # ---- the raw launch (_RawLaunch): Triton's own launcher code, with the C launcher and the driver faked ----
@@ -269,7 +270,7 @@ def _cuda_launcher(c_launch, signature=_SIGNATURE, meta=_DESCRIPTOR_META):
 def _raw_setup(module, monkeypatch):
     fake = _FakeDriver()
     monkeypatch.setattr(triton.runtime.driver, "_active", fake)
-    monkeypatch.setattr(module, "_INTERPRET", False)
+    monkeypatch.setattr(runtime, "_INTERPRET", False)
     c_launch = _RecordingCLaunch()
     compiled = _FakeCompiled(_cuda_launcher(c_launch))
     kernel = _CompilingKernel(list(_SIGNATURE), compiled)
@@ -288,7 +289,7 @@ def _raw_setup(module, monkeypatch):
         0.5,
         None,
     )
-    launch = module._PreparedLaunch(kernel, (2, 3), (a, b, c), (work,), args, {"X": 3}, num_warps=4)
+    launch = runtime._PreparedLaunch(kernel, (2, 3), (a, b, c), (work,), args, {"X": 3}, num_warps=4)
     return fake, c_launch, compiled, kernel, launch, call_tensors
 
 
@@ -313,7 +314,7 @@ def test_raw_launch_passes_what_tritons_launcher_passes(build_module, monkeypatc
         inputs = call_tensors()
         launch.launch(inputs)
         raw = c_launch.calls.pop()
-        module._launch_compiled(compiled, launch.grid, launch.arguments(inputs), 0)  # CudaLauncher, its `inner`
+        runtime._launch_compiled(compiled, launch.grid, launch.arguments(inputs), 0)  # CudaLauncher, its `inner`
         want = _as_addresses(c_launch.calls.pop())
         assert raw == want
         assert raw[:13] == (2, 3, 1, stream, 0xF00, False, False, None, None, (4, 1, 1024), None, None, None)
@@ -341,7 +342,7 @@ def test_raw_launch_encodes_a_descriptor_once_per_address(build_module, monkeypa
     assert fake.utils.encoded[1:] == [_described(moved)]
     launch.launch(inputs)  # the first address is still kept
     assert len(fake.utils.encoded) == 2
-    monkeypatch.setattr(module, "_RAW_DESCRIPTORS_MAX", 2)  # full: the oldest goes
+    monkeypatch.setattr(runtime, "_RAW_DESCRIPTORS_MAX", 2)  # full: the oldest goes
     third = call_tensors()
     launch.launch(third)
     launch.launch(inputs)
@@ -372,26 +373,25 @@ def test_raw_launch_gives_way_to_launch_hooks(build_module, monkeypatch):
     assert len(c_launch.calls) == 1
 
 
-def test_raw_launch_is_declined_for_a_launcher_of_another_structure(build_module, monkeypatch):
-    module = build_module(**SPEC)
+def test_raw_launch_is_declined_for_a_launcher_of_another_structure():
     c_launch = _RecordingCLaunch()
 
     def other_wrapper(*args):  # not Triton 3.6's `inner`
         return c_launch(*args)
 
     launcher = _cuda_launcher(c_launch)
-    parts = module._cuda_launcher_parts(_FakeCompiled(launcher))
+    parts = runtime._cuda_launcher_parts(_FakeCompiled(launcher))
     assert (parts is not None) == _TRITON_36  # Triton 3.9's CudaLauncher wraps another structure
     launcher.launch = other_wrapper
-    assert module._cuda_launcher_parts(_FakeCompiled(launcher)) is None
+    assert runtime._cuda_launcher_parts(_FakeCompiled(launcher)) is None
     launcher.launch = c_launch  # no descriptor argument: the C function itself (3.6), an argument list apart (3.9)
-    assert (module._cuda_launcher_parts(_FakeCompiled(launcher)) is not None) == _TRITON_36
+    assert (runtime._cuda_launcher_parts(_FakeCompiled(launcher)) is not None) == _TRITON_36
     launcher.global_scratch_size = 64  # scratch allocated per launch: Triton's launcher does it
-    assert module._cuda_launcher_parts(_FakeCompiled(launcher)) is None
-    assert module._cuda_launcher_parts(_FakeCompiled(object())) is None  # not a CudaLauncher
+    assert runtime._cuda_launcher_parts(_FakeCompiled(launcher)) is None
+    assert runtime._cuda_launcher_parts(_FakeCompiled(object())) is None  # not a CudaLauncher
     # only the releases whose launcher source was read take it
-    assert (module.TRITON_VERSION in module._RAW_LAUNCH_RELEASES) == module._RAW_LAUNCH
-    assert module._RAW_LAUNCH_RELEASES == ((3, 6),)
+    assert (runtime.TRITON_VERSION in runtime._RAW_LAUNCH_RELEASES) == runtime._RAW_LAUNCH
+    assert runtime._RAW_LAUNCH_RELEASES == ((3, 6),)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the raw launch runs compiled kernels (GPU)")
@@ -402,8 +402,8 @@ def test_raw_launch_gives_the_results_of_tritons_launcher(build_module, device, 
     seqlens = (300, 700)
     decode_and_check(module, fresh_inputs(module, device, 0, seqlens), schedule)
     (launches,) = schedule._launches.values()
-    assert all((launch.raw is not None) == module._RAW_LAUNCH for launch in launches)
-    if module._RAW_LAUNCH and page_size == 64:
+    assert all((launch.raw is not None) == runtime._RAW_LAUNCH for launch in launches)
+    if runtime._RAW_LAUNCH and page_size == 64:
         assert any(launch.raw.map_slots for launch in launches)
     for seed in (1, 2):  # new tensors at new addresses: tensor maps encoded for them
         inputs = fresh_inputs(module, device, seed, seqlens)
@@ -440,9 +440,8 @@ class _HookRecordingKernel:
 
 
 @pytest.mark.parametrize("gluon", [True, False])
-def test_dispatch_sets_compile_hooks_aside_for_gluon_kernels_only(build_module, monkeypatch, gluon):
+def test_dispatch_sets_compile_hooks_aside_for_gluon_kernels_only(monkeypatch, gluon):
     # Triton hands compile hooks the constexprs as JSON, which a Gluon layout is not (vLLM installs such a hook)
-    module = build_module(**SPEC)
 
     def cache_hook(**kwargs):
         return None
@@ -453,7 +452,7 @@ def test_dispatch_sets_compile_hooks_aside_for_gluon_kernels_only(build_module, 
     monkeypatch.setattr(triton.knobs.runtime, "jit_cache_hook", cache_hook)
     monkeypatch.setattr(triton.knobs.runtime, "jit_post_compile_hook", post_compile_hook)
     kernel = _HookRecordingKernel(gluon)
-    assert module._dispatch(kernel, (3, 1, 1), (1, 2), {"num_warps": 4}) == "compiled (3, 1, 1)"
+    assert runtime._dispatch(kernel, (3, 1, 1), (1, 2), {"num_warps": 4}) == "compiled (3, 1, 1)"
     hooks_seen = kernel.seen[0][:2]
     assert hooks_seen == ((None, None) if gluon else (cache_hook, post_compile_hook))
     assert kernel.seen[0][2:] == ((3, 1, 1), (1, 2), {"num_warps": 4})
@@ -471,5 +470,5 @@ def test_dispatch_sets_compile_hooks_aside_for_gluon_kernels_only(build_module, 
             return dispatch
 
     with pytest.raises(RuntimeError, match="compile failed"):
-        module._dispatch(Failing(gluon), (1, 1, 1), (), {})
+        runtime._dispatch(Failing(gluon), (1, 1, 1), (), {})
     assert triton.knobs.runtime.jit_post_compile_hook is post_compile_hook

@@ -48,15 +48,32 @@ def test_a_change_to_the_plan_or_a_template_changes_the_digest(tmp_path, monkeyp
     assert templates_digest() != base
 
 
-def test_generated_imports_only_torch_triton_stdlib():
-    tree = ast.parse(module_source(spec_from_dict(SPEC)))
-    imported = set()
+def _imports(tree):
+    """(top-level packages, mlagen_compiler modules) a module's source imports."""
+    packages, mlagen = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            imported |= {a.name.split(".")[0] for a in node.names}
+            packages |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            imported.add((node.module or "").split(".")[0])
-    assert imported - {"torch", "triton"} <= set(sys.stdlib_module_names), imported
+            module = node.module or ""
+            packages.add(module.split(".")[0] if node.level == 0 else "mlagen_compiler")
+            if node.level or module.startswith("mlagen_compiler"):
+                submodule = module.removeprefix("mlagen_compiler").lstrip(".")
+                # (`from mlagen_compiler import runtime`: the names imported are the submodules)
+                mlagen |= {submodule} if submodule else {alias.name for alias in node.names}
+    return packages, mlagen
+
+
+def test_generated_imports_only_torch_triton_stdlib_and_mlagen_runtime():
+    """A generated module needs torch, triton and mlagen's runtime (runtime.py, launch_policy.py), which need only
+    torch, triton, the standard library and each other: not the compiler (pydantic, jinja2, ...)."""
+    packages, mlagen = _imports(ast.parse(module_source(spec_from_dict(SPEC))))
+    assert packages - {"torch", "triton", "mlagen_compiler"} <= set(sys.stdlib_module_names), packages
+    assert mlagen == {"runtime", "launch_policy"}
+    for name in mlagen:
+        packages, imported = _imports(ast.parse((ROOT / "mlagen_compiler" / f"{name}.py").read_text()))
+        assert packages - {"torch", "triton", "mlagen_compiler"} <= set(sys.stdlib_module_names), (name, packages)
+        assert imported <= {"runtime", "launch_policy"}, (name, imported)
 
 
 def test_spec_dict_round_trips():

@@ -1,0 +1,1871 @@
+"""Runtime of the generated modules: the host-side Python that is the same for every spec.
+
+A generated module (templates/module.py.jinja) holds its spec's kernels and what differs per spec (constants,
+launch tables, the checks and launch helpers that depend on its kernels' signatures); it imports from here
+the argument checks, the launch machinery (Triton's dispatch, the direct launch of a compiled kernel, prepared
+launches and the raw launch through Triton 3.6's compiled C launcher), validation of index values, device
+queries, and the wrappers of its entry points: decode planning (DecodeSchedule, get_decode_schedule), the
+first, fully checked decode call, prefill, chunked prefill, the attention-state merge and the cache write.
+
+Those wrappers take the module as their first argument, `m`, a ModuleView of its globals (the module binds
+them: `bind`), and read its constants through it (m.NUM_HEADS, m.PAGE_SIZE, its kernels, ...): one body for
+every spec, and a value the module holds (or a test patches into it) is the one they see. What a decode call
+does once its launches are prepared stays in the module: it is the per-call hot path.
+
+Only torch, triton and the standard library (and launch_policy). The on/off environment variables
+(launch_policy.ENV_KNOBS) are read once, when this module is first imported. Ordinary package source, tested
+as Python (tests/test_prepared_launch.py, tests/test_runtime.py, and every test through the generated modules).
+"""
+
+import functools
+import inspect
+import math
+import os
+import re
+
+import torch
+import triton
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .launch_policy import (
+    DECODE_GLUON_BUCKET,
+    cdiv,
+    check_decode_config,
+    check_prefill_config,
+    combine_step_runs_for_warps,
+    combine_tile,
+    combine_warps,
+    decode_bucket,
+    decode_keep_partials,
+    decode_merge,
+    decode_min_blocks_per_part,
+    decode_num_parts,
+    decode_partials_in_dtype,
+    decode_pdl,
+    decode_row_block,
+    decode_sequence_runs,
+    decode_tile_loads,
+    env_knob,
+    fp8_dots_in_float16,
+    gluon_blocks,
+    gluon_narrow_rows,
+    gluon_small_batch_schedule,
+    next_pow2,
+    select_decode_backend,
+    tuned_config,
+)
+
+#: the installed Triton release as (major, minor); (0, 0) where its version string is not a release
+_release = re.match(r"(\d+)\.(\d+)", triton.__version__)
+TRITON_VERSION = (int(_release.group(1)), int(_release.group(2))) if _release else (0, 0)
+
+#: SM count assumed under the interpreter, so CPU runs still split the cache into several runs
+INTERPRETER_SM_COUNT = 2
+
+#: log2(e): kernels work in base 2 (qk_scale = softmax scale * log2(e))
+LOG2E = 1.4426950408889634
+
+# Under Triton's CPU interpreter bf16 dots are wrong, so operands are upcast there; the GPU path is not.
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _env_switch(name):
+    """An on/off environment variable (ENV_KNOBS: "1" or "0", unset: its default); anything else is an error
+    naming it, rather than silently one of the two."""
+    return env_knob(name, os.environ.get(name)) == "1"
+
+
+# Tests set this so that a kernel reading a workspace element nobody wrote yields NaN, not stale memory.
+_POISON_WORKSPACE = _env_switch("MLAGEN_POISON_WORKSPACE")
+# Check every index value against what it indexes (see _validating); the tests and `mlagen verify` set it.
+_VALIDATE_ALWAYS = _env_switch("MLAGEN_VALIDATE")
+# Launch compiled kernels directly once Triton has dispatched an argument key (see _launch); 0 turns it off.
+_DIRECT_LAUNCH = _env_switch("MLAGEN_DIRECT_LAUNCH")
+
+
+# ---- the device ---------------------------------------------------------------------------------------
+
+_SM_COUNT = {}
+
+
+def _sm_count(device):
+    if _INTERPRET or device.type != "cuda":
+        return INTERPRETER_SM_COUNT
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SM_COUNT:
+        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return _SM_COUNT[index]
+
+
+_GPU_CAPABILITY = {}
+_GPU_KEY = {}
+
+
+def _gpu_capability(device):
+    """(major, minor) compute capability of a CUDA device, read once; None under the interpreter, for other
+    devices and with a torch built without CUDA."""
+    if _INTERPRET or device.type != "cuda":
+        return None
+    try:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in _GPU_CAPABILITY:
+            _GPU_CAPABILITY[index] = tuple(torch.cuda.get_device_capability(index))
+    except (AssertionError, RuntimeError):  # a torch without CUDA: no capability to read
+        return None
+    return _GPU_CAPABILITY[index]
+
+
+def _gpu_key(device):
+    """(arch, device name) that tuned configurations are recorded under: ("sm90", "NVIDIA H100 80GB HBM3")."""
+    capability = _gpu_capability(device)
+    if capability is None:
+        return ("interpreter", "interpreter")
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _GPU_KEY:
+        _GPU_KEY[index] = (f"sm{capability[0]}{capability[1]}", torch.cuda.get_device_name(index))
+    return _GPU_KEY[index]
+
+
+# ---- argument checks --------------------------------------------------------------------------------
+
+
+def _check(condition, name, message):
+    if not condition:
+        raise ValueError(f"{name}: {message}")
+
+
+def _check_tensor(tensor, name, *, ndim, dtype, device=None, last_dim=None):
+    # one boolean test on the path every call takes; messages are formatted only for a tensor that fails it
+    if (
+        isinstance(tensor, torch.Tensor)
+        and tensor.dim() == ndim
+        and tensor.dtype == dtype
+        and (device is None or tensor.device == device)
+        and (last_dim is None or tensor.shape[-1] == last_dim)
+        and tensor.stride(-1) == 1
+    ):
+        return
+    _check(isinstance(tensor, torch.Tensor), name, f"expected a torch.Tensor, got {type(tensor).__name__}")
+    _check(tensor.dim() == ndim, name, f"expected {ndim} dimensions, got shape {tuple(tensor.shape)}")
+    _check(tensor.dtype == dtype, name, f"expected dtype {dtype}, got {tensor.dtype}")
+    if device is not None:
+        _check(tensor.device == device, name, f"expected device {device}, got {tensor.device}")
+    if last_dim is not None:
+        _check(
+            tensor.shape[-1] == last_dim, name, f"expected last dimension {last_dim}, got shape {tuple(tensor.shape)}"
+        )
+    _check(tensor.stride(-1) == 1, name, "the last dimension must be contiguous")
+
+
+def _check_flag(value, name):
+    _check(value is True or value is False, name, f"expected True or False, got {value!r}")
+
+
+def _check_host_int(value, name, minimum=0):
+    _check(
+        isinstance(value, int) and not isinstance(value, bool) and value >= minimum,
+        name,
+        f"must be an int >= {minimum}, got {value!r}",
+    )
+
+
+def _check_device(device, name):
+    """A device the kernels can run on: a meta tensor holds no data (the wrappers read index values)."""
+    _check(
+        device.type != "meta",
+        name,
+        "a meta tensor holds no data: the kernels need CUDA tensors (or CPU "
+        "tensors under TRITON_INTERPRET=1); torch.compile's fake tensors go through the module's ops",
+    )
+
+
+def _check_per_sequence(tensor, name, batch, device, *, ndim):
+    """An int32 block table ([B, max_pages]) or per-sequence lengths ([B]) for a batch of `batch`."""
+    _check_tensor(tensor, name, ndim=ndim, dtype=torch.int32, device=device)
+    _check(tensor.shape[0] == batch, name, f"batch size {tensor.shape[0]} disagrees with {batch}")
+
+
+# ---- launching -------------------------------------------------------------------------------------
+
+#: per kernel: launch key -> the compiled kernel Triton's dispatch chose for it
+_COMPILED = {}
+
+
+def _launch_key(kernel, values, options):
+    """Everything Triton specialises a compiled kernel on: tensors by dtype and 16-byte alignment, TMA
+    descriptors by their base, shape, strides and box, runtime floats by type (the one float constexpr,
+    _LN2, is a module constant), runtime ints by what Triton reads of them (width, equality to 1,
+    divisibility by 16: a token count that changes every call does not miss), and constexprs, bools,
+    None and layouts by value; plus the launch options."""
+    key = []
+    for value, param in zip(values, kernel.params, strict=False):
+        if isinstance(value, torch.Tensor):
+            key.append((value.dtype, value.data_ptr() % 16 == 0))
+        elif isinstance(value, float):
+            key.append(float)
+        elif type(value) is int and not param.is_constexpr:
+            key.append((int, value == 1, value % 16 == 0, -(2**31) <= value < 2**31, value < 2**63))
+        elif hasattr(value, "block_shape"):  # a host TMA descriptor (Triton's or Gluon's)
+            key.append(
+                (
+                    type(value),
+                    value.base.dtype,
+                    value.base.data_ptr() % 16 == 0,
+                    tuple(value.shape),
+                    tuple(value.strides),
+                    tuple(value.block_shape),
+                    getattr(value, "layout", None),
+                )
+            )
+        else:
+            key.append(value)
+    return tuple(key), options
+
+
+def _ordered_values(kernel, args, constexprs):
+    """Every argument in the kernel's order (keyword ones too: KV_SCALE is a tensor passed by name)."""
+    return args + tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
+
+
+def _launch_options(num_warps, num_stages, launch_pdl=False):
+    options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
+    if launch_pdl:  # a programmatic dependent launch (compiled into the kernel's launcher; never interpreted)
+        options["launch_pdl"] = True
+    return options
+
+
+def _launch_compiled(compiled, grid, values, device=None):
+    """Launch a kernel Triton compiled, on the current device's current stream (as Triton does), through
+    its launcher alone: not its dispatch, nor `CompiledKernel[grid]`'s per-launch closure and hook
+    metadata, where no launch hook (e.g. Proton's) is installed. Same call in Triton 3.6 through 3.9.
+    device: the current device's index, where the caller has it."""
+    if _launch_hooks():
+        compiled[grid](*values)
+        return
+    if device is None:
+        device = triton.runtime.driver.active.get_current_device()
+    stream = triton.runtime.driver.active.get_current_stream(device)
+    compiled.run(
+        grid[0], grid[1], grid[2], stream, compiled.function, compiled.packed_metadata, None, None, None, *values
+    )
+
+
+def _current_stream(device):
+    """The raw handle of `device`'s current CUDA stream: Triton's reading of it (torch.cuda.current_stream
+    makes a Stream object per call: slower); torch's under the interpreter, which has no GPU driver."""
+    if _INTERPRET:
+        return torch.cuda.current_stream(device).cuda_stream
+    return triton.runtime.driver.active.get_current_stream(device.index)
+
+
+def _grid3(grid):
+    return tuple(grid) + (1,) * (3 - len(grid))
+
+
+def _dispatch(kernel, grid, args, options):
+    """kernel[grid](*args, **options): Triton's dispatch, which compiles on a new key and returns the kernel.
+    Triton serialises a kernel's constexprs to JSON for its compile hooks (knobs.runtime.jit_cache_hook and
+    jit_post_compile_hook; vLLM installs one to watch for compiles while serving), and a Gluon layout is not
+    JSON: with a hook installed every Gluon compile would raise TypeError. The hooks are set aside while a
+    Gluon kernel is dispatched, and only then."""
+    runtime = triton.knobs.runtime
+    is_gluon = getattr(kernel, "is_gluon", None)  # the interpreter's kernels have none (nor compile hooks)
+    if not (is_gluon and is_gluon() and (runtime.jit_cache_hook or runtime.jit_post_compile_hook)):
+        return kernel[grid](*args, **options)
+    hooks = runtime.jit_cache_hook, runtime.jit_post_compile_hook
+    runtime.jit_cache_hook = runtime.jit_post_compile_hook = None
+    try:
+        return kernel[grid](*args, **options)
+    finally:
+        runtime.jit_cache_hook, runtime.jit_post_compile_hook = hooks
+
+
+def _launch(kernel, grid, *args, num_warps, num_stages=None, **constexprs):
+    """kernel[grid](*args, **constexprs) at a fraction of its host cost.
+
+    Triton's dispatch binds and specialises all arguments and looks the compiled kernel up on every
+    launch (tens of microseconds of Python); here it runs on the first launch of each key (_launch_key:
+    the specialisation's inputs) and later launches go to that compiled kernel through its launcher
+    (_launch_compiled). The interpreter, and MLAGEN_DIRECT_LAUNCH=0, always take the dispatch. Launches
+    repeated with tensors of one layout (decode) skip even this through a _PreparedLaunch.
+    """
+    options = _launch_options(num_warps, num_stages)
+    if _INTERPRET or not _DIRECT_LAUNCH:
+        _dispatch(kernel, grid, args, {**options, **constexprs})
+        return
+    values = _ordered_values(kernel, args, constexprs)
+    key = _launch_key(kernel, values, tuple(options.items()))
+    compiled_for = _COMPILED.setdefault(kernel, {})
+    compiled = compiled_for.get(key)
+    if compiled is None:
+        if len(compiled_for) >= 256:  # keys that never repeat (e.g. fresh buffers of odd alignment): bounded
+            compiled_for.clear()
+        compiled_for[key] = _dispatch(kernel, grid, args, {**options, **constexprs})
+        return
+    _launch_compiled(compiled, _grid3(grid), values)
+
+
+def _shares_memory(a, b):
+    return a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
+def _byte_span(tensor):
+    """[first, last + 1) bytes of the memory a tensor's elements occupy (empty for a tensor of no element)."""
+    start = tensor.data_ptr()
+    if tensor.numel() == 0:
+        return start, start
+    last = sum((size - 1) * stride for size, stride in zip(tensor.shape, tensor.stride(), strict=False))
+    return start, start + (last + 1) * tensor.element_size()
+
+
+def _overlaps_itself(tensor):
+    """Whether two elements of a tensor may share memory (a stride of 0, expand(), as_strided): its dimensions
+    of more than one element, by stride, must each step past everything the smaller ones span."""
+    reach = 0
+    for stride, size in sorted(
+        (stride, size) for stride, size in zip(tensor.stride(), tensor.shape, strict=False) if size > 1
+    ):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def _check_no_overlap(outputs, inputs):
+    """((name, tensor or None), ...) a call writes and ((name, tensor or None), ...) it reads: no output may
+    overlap itself, another output or an input in memory (the kernels would read what they wrote, or two
+    results would land on the same bytes). Ranges are compared, so disjoint views of one buffer are fine."""
+    for name, tensor in outputs:
+        _check(
+            tensor is None or not _overlaps_itself(tensor),
+            name,
+            "its elements overlap one another in memory (a stride of 0, expand()): give it memory of its own",
+        )
+    spans = [(name, tensor.device, _byte_span(tensor)) for name, tensor in (*outputs, *inputs) if tensor is not None]
+    for i, (name, device, (start, end)) in enumerate(spans[: sum(t is not None for _, t in outputs)]):
+        for other, other_device, (other_start, other_end) in spans[i + 1 :]:
+            if device == other_device and start < other_end and other_start < end:
+                raise ValueError(f"{name}: overlaps {other} in memory: give {name} memory of its own")
+
+
+class _PreparedLaunch:
+    """One launch with every argument resolved except the call's own tensors, for calls whose tensors have
+    the layout (shape, strides, dtype, device, 16-byte alignment) of the call that prepared it.
+
+    `inputs` are the call's tensors (None where absent): where one appears among the arguments, a later call
+    puts its own there; a host TMA descriptor made from a view of one is remade for the later call's tensor
+    by copying the descriptor (its checks depend on the layout only) onto the same view of it. Every other
+    tensor argument must outlive the launch's owner (`owned`: a schedule's workspace). Anything else (e.g. a
+    descriptor of a copy made for this call) leaves the launch not `reusable`. The first launch on a device
+    goes through Triton's dispatch (which compiles or finds the kernel); later ones below it: through the
+    compiled C launcher with the arguments expanded once (_RawLaunch) where the Triton release's launcher is
+    one that was verified, else through the compiled kernel's launcher (_launch_compiled); never under the
+    interpreter. MLAGEN_DIRECT_LAUNCH=0: never reusable, always Triton's dispatch.
+    """
+
+    __slots__ = (
+        "kernel",
+        "grid",
+        "options",
+        "values",
+        "tensor_slots",
+        "descriptor_slots",
+        "reusable",
+        "compiled",
+        "device_index",
+        "raw",
+    )
+
+    def __init__(self, kernel, grid, inputs, owned, args, constexprs, num_warps, num_stages=None, launch_pdl=False):
+        self.kernel = kernel
+        self.grid = _grid3(grid)
+        self.options = _launch_options(num_warps, num_stages, launch_pdl)
+        values = list(_ordered_values(kernel, args, constexprs))
+        self.tensor_slots, self.descriptor_slots, self.reusable = [], [], _DIRECT_LAUNCH
+        for position, value in enumerate(values if self.reusable else ()):
+            if isinstance(value, torch.Tensor):
+                index = next((i for i, tensor in enumerate(inputs) if tensor is value), None)
+                if index is not None:
+                    self.tensor_slots.append((position, index))
+                    values[position] = None  # a template keeps no call's tensor alive
+                elif not any(value is tensor for tensor in owned):
+                    self.reusable = False
+            elif hasattr(value, "block_shape"):  # a host TMA descriptor (Triton's or Gluon's)
+                base = value.base
+                sources = [
+                    i
+                    for i, tensor in enumerate(inputs)
+                    if isinstance(tensor, torch.Tensor) and _shares_memory(tensor, base)
+                ]
+                if len(sources) != 1:  # a copy, or inputs sharing memory (later calls' might not): ambiguous
+                    self.reusable = False
+                    continue
+                index = sources[0]
+                source = inputs[index]
+                offset = base.storage_offset() - source.storage_offset()
+                template = object.__new__(type(value))
+                template.__dict__.update(value.__dict__)
+                template.base = None
+                self.descriptor_slots.append((position, index, template, tuple(base.shape), base.stride(), offset))
+        self.values = tuple(values)
+        self.compiled = None
+        self.device_index = None
+        self.raw = None
+
+    def arguments(self, inputs):
+        """Every argument of the launch with `inputs` (tensors of the preparing call's layout, in its order)."""
+        values = list(self.values)
+        for position, index in self.tensor_slots:
+            values[position] = inputs[index]
+        for position, index, template, shape, strides, offset in self.descriptor_slots:
+            source = inputs[index]
+            descriptor = object.__new__(type(template))
+            descriptor.__dict__.update(template.__dict__)
+            descriptor.base = source.as_strided(shape, strides, source.storage_offset() + offset)
+            values[position] = descriptor
+        return values
+
+    def launch(self, inputs):
+        """Launch with `inputs` (tensors of the preparing call's layout, in its order)."""
+        raw = self.raw
+        if raw is not None and raw.get_device() == raw.device and not _launch_hooks():
+            raw.launch_at(
+                [None if tensor is None else tensor.data_ptr() for tensor in inputs], raw.get_stream(raw.device)
+            )
+            return
+        if _INTERPRET or not _DIRECT_LAUNCH:
+            _dispatch(self.kernel, self.grid, self.arguments(inputs), self.options)
+            return
+        device = triton.runtime.driver.active.get_current_device()
+        if self.compiled is not None and device == self.device_index:
+            _launch_compiled(self.compiled, self.grid, self.arguments(inputs), device)
+            return
+        # the compiled kernel is loaded per device: the first launch on each goes through the dispatch
+        values = self.arguments(inputs)
+        self.compiled = _dispatch(self.kernel, self.grid, values, self.options)
+        self.device_index = device
+        self.raw = _RawLaunch.prepare(self, values, inputs, device) if _RAW_LAUNCH and self.reusable else None
+
+
+def _launch_hooks():
+    """Whether a launch hook (e.g. Proton's) is installed: launches then go through Triton's launcher."""
+    runtime = triton.knobs.runtime
+    return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
+
+
+def _launch_prepared(launches, inputs, addresses):
+    """Issue a call's prepared launches in order (inputs: the call's tensors, addresses: their data_ptr()).
+    Where they have raw launches on the current device and no launch hook is installed, the device, the hooks
+    and the stream are read once for all of them; else each launch goes its own way (_PreparedLaunch.launch).
+    """
+    raw = launches[0].raw
+    if raw is not None:
+        device = raw.get_device()
+        if device == raw.device and not _launch_hooks():
+            stream = raw.get_stream(device)
+            for launch in launches:
+                raw = launch.raw
+                if raw is not None and raw.device == device:
+                    raw.launch_at(addresses, stream)
+                else:
+                    launch.launch(inputs)
+            return
+    for launch in launches:
+        launch.launch(inputs)
+
+
+# ---- launching below Triton's launcher ---------------------------------------------------------------
+
+#: Triton releases whose CUDA launcher the raw launch (_RawLaunch) was written against, read in their source
+#: (triton/backends/nvidia/driver.py): a CompiledKernel's `run` is a CudaLauncher whose `launch` is the C
+#: function of the compiled launcher module, wrapped (where a descriptor argument is) by
+#: wrap_handle_tensordesc's `inner`, which expands each descriptor (make_tensordesc_arg: a cuTensorMapEncodeTiled
+#: at every launch) after the 13 base arguments. Triton 3.9's launcher is another structure (one generic C
+#: function taking annotated arguments): it, and every release not listed, takes _launch_compiled.
+#: MLAGEN_RAW_LAUNCH=0 turns it off.
+_RAW_LAUNCH_RELEASES = ((3, 6),)
+# (the switch is read first, so a wrong value is an error under every Triton release)
+_RAW_LAUNCH = _env_switch("MLAGEN_RAW_LAUNCH") and _DIRECT_LAUNCH and TRITON_VERSION in _RAW_LAUNCH_RELEASES
+_RAW_BASE_ARGUMENTS = (
+    13  # grid x/y/z, stream, function, cooperative, pdl, 2 scratch, metadata, launch metadata, 2 hooks
+)
+#: encoded descriptors kept per descriptor argument, by address (e.g. each layer's cache, the calls' queries)
+_RAW_DESCRIPTORS_MAX = 256
+
+
+def _cuda_launcher_parts(compiled):
+    """(C launch function, launcher, {argument position: descriptor metadata}, make_tensordesc_arg) of a kernel
+    compiled by the CUDA backend of a release in _RAW_LAUNCH_RELEASES, read off its launcher; None where it
+    is not that structure, or a launch needs more than the C function (scratch memory allocated per launch)."""
+    launcher = compiled.run
+    cls = type(launcher)
+    if cls.__name__ != "CudaLauncher" or cls.__module__ != "triton.backends.nvidia.driver":
+        return None
+    if launcher.global_scratch_size or launcher.profile_scratch_size:
+        return None
+    namespace = cls.__init__.__globals__  # the driver module's: 3.6's names its base argument count
+    if namespace.get("_BASE_ARGS_FORMAT_LEN") != _RAW_BASE_ARGUMENTS or "make_tensordesc_arg" not in namespace:
+        return None
+    wrapped = launcher.launch
+    code = getattr(wrapped, "__code__", None)
+    if code is None:  # no descriptor argument: the C function itself
+        return (wrapped, launcher, {}, None) if callable(wrapped) else None
+    names = ("launcher", "tensordesc_indices", "tensordesc_meta")
+    if code.co_name != "inner" or not set(names) <= set(code.co_freevars) or wrapped.__globals__ is not namespace:
+        return None
+    cells = {name: cell.cell_contents for name, cell in zip(code.co_freevars, wrapped.__closure__, strict=False)}
+    c_launch, indices, metas = (cells[name] for name in names)
+    if not callable(c_launch):
+        return None
+    # `inner` gives the k-th descriptor argument (in argument order) the k-th metadata entry
+    descriptors = {position: metas[k] for k, position in enumerate(sorted(indices))}
+    return c_launch, launcher, descriptors, namespace["make_tensordesc_arg"]
+
+
+class _DeviceAddress:
+    """Stands in for a descriptor's base tensor where Triton's expansion reads only its address."""
+
+    __slots__ = ("address",)
+
+    def __init__(self, address):
+        self.address = address
+
+    def data_ptr(self):
+        return self.address
+
+
+class _TensorMaps(dict):
+    """The encoded tensor maps of one descriptor argument of a raw launch, by address: a hit is a dict
+    lookup; a miss encodes the argument's descriptor at that address by Triton's own expansion
+    (make_tensordesc_arg) and keeps it, the oldest going first past _RAW_DESCRIPTORS_MAX."""
+
+    __slots__ = ("template", "metadata", "make_tensordesc_arg")
+
+    def __missing__(self, address):
+        descriptor = object.__new__(type(self.template))
+        descriptor.__dict__.update(self.template.__dict__)
+        descriptor.base = _DeviceAddress(address)
+        tensor_map = self.make_tensordesc_arg(descriptor, self.metadata)[0]
+        if len(self) >= _RAW_DESCRIPTORS_MAX:
+            del self[next(iter(self))]
+        self[address] = tensor_map
+        return tensor_map
+
+
+class _RawLaunch:
+    """A prepared launch (_PreparedLaunch) issued through the compiled C launcher with the final argument
+    list built once: what Triton's CudaLauncher and its descriptor wrapper (`inner`) would expand at every
+    launch (base arguments, descriptors as encoded tensor maps followed by their shape and strides) is laid
+    out when the launch is prepared; a call puts in only the current stream, its tensors' addresses and its
+    descriptors' tensor maps. A tensor map depends on the address alone once the slot fixes shape, strides,
+    box and swizzle, so maps are encoded once per address (_TensorMaps) and kept: the cache and persistent
+    buffers hit every call; a call's new address costs one encoding. Pointers go in as integers (the C
+    launcher takes them as such); owned tensors (the schedule's workspace) are resolved once. Equivalent to
+    Triton's launch for the releases in _RAW_LAUNCH_RELEASES, tested against its `inner`.
+    """
+
+    __slots__ = ("c_launch", "arguments", "pointer_slots", "map_slots", "get_stream", "get_device", "device")
+
+    @staticmethod
+    def prepare(prepared, values, inputs, device):
+        """The raw launch of `prepared` (values: its first launch's arguments, with `inputs`), or None where the
+        compiled kernel's launcher is not the verified structure."""
+        try:
+            parts = _cuda_launcher_parts(prepared.compiled)
+            return None if parts is None else _RawLaunch(prepared, values, inputs, device, *parts)
+        except (AttributeError, KeyError, TypeError, ValueError):  # unexpected structure: Triton's launcher stays
+            return None
+
+    def __init__(self, prepared, values, inputs, device, c_launch, launcher, descriptors, make_tensordesc_arg):
+        compiled = prepared.compiled
+        self.c_launch = c_launch
+        driver = triton.runtime.driver.active
+        self.get_stream = driver.get_current_stream
+        # Triton 3.6 reads the device through torch.cuda.current_device (lazy CUDA initialisation, then this):
+        # the launch was prepared on an initialised device, so the reading alone
+        get_device = driver.get_current_device
+        if get_device is torch.cuda.current_device and callable(getattr(torch._C, "_cuda_getDevice", None)):
+            get_device = torch._C._cuda_getDevice
+        self.get_device = get_device
+        self.device = device
+        grid = prepared.grid
+        arguments = [
+            grid[0],
+            grid[1],
+            grid[2],
+            None,
+            compiled.function,
+            launcher.launch_cooperative_grid,
+            launcher.launch_pdl,
+            None,
+            None,
+            compiled.packed_metadata,
+            None,
+            None,
+            None,
+        ]
+        inputs_at = dict(prepared.tensor_slots)
+        descriptors_at = {slot[0]: slot for slot in prepared.descriptor_slots}
+        if len(descriptors_at) != len(descriptors) or not descriptors_at.keys() <= descriptors.keys():
+            raise ValueError("the launcher's descriptor arguments are not the prepared descriptors")
+        self.pointer_slots, self.map_slots = [], []  # (argument position, input index, byte offset[, maps])
+        for position, value in enumerate(values):
+            if position in descriptors_at:
+                _, index, template, _, _, _ = descriptors_at[position]
+                metadata = descriptors[position]
+                expanded = make_tensordesc_arg(value, metadata)
+                address = value.base.data_ptr()
+                offset = address - inputs[index].data_ptr()
+                if metadata is None:  # lowered to a pointer: base, shape, strides, padding, shape, strides
+                    self.pointer_slots.append((len(arguments), index, offset))
+                else:  # the encoded tensor map, shape, strides
+                    maps = _TensorMaps({address: expanded[0]})
+                    maps.template, maps.metadata, maps.make_tensordesc_arg = template, metadata, make_tensordesc_arg
+                    self.map_slots.append((len(arguments), index, offset, maps))
+                arguments.append(None)
+                arguments.extend(expanded[1:])
+            elif position in inputs_at:
+                self.pointer_slots.append((len(arguments), inputs_at[position], 0))
+                arguments.append(None)
+            elif isinstance(value, torch.Tensor):  # owned (the schedule's workspace): outlives the launch
+                arguments.append(value.data_ptr())
+            else:
+                arguments.append(value)
+        self.arguments = arguments
+
+    def launch_at(self, addresses, stream):
+        """Launch on `stream` with the call's tensors at `addresses` (data_ptr() of each input, in order)."""
+        arguments = self.arguments.copy()
+        arguments[3] = stream
+        for position, index, offset in self.pointer_slots:
+            arguments[position] = addresses[index] + offset
+        for position, index, offset, maps in self.map_slots:
+            arguments[position] = maps[addresses[index] + offset]
+        self.c_launch(*arguments)
+
+
+def _layout(tensor):
+    """What a prepared launch depends on of a tensor besides its address (see _PreparedLaunch)."""
+    return tensor.shape, tensor.stride(), tensor.dtype, tensor.device, tensor.data_ptr() % 16 == 0
+
+
+# ---- validation of index values (one device synchronisation: opt-in on the GPU) -----------------------
+
+
+def _validating(validate, device):
+    """validate=None: on for CPU tensors (nothing to synchronise) or when MLAGEN_VALIDATE=1, else off: then
+    every index value is the caller's contract, as in FlashMLA and vLLM. True / False force it."""
+    if validate is not None:
+        if validate is True or validate is False:
+            return validate
+        raise ValueError(f"validate: expected None, True or False, got {validate!r}")
+    return _VALIDATE_ALWAYS or device.type != "cuda"
+
+
+def _first(bad):
+    """The position of the first True of a bool tensor, or None."""
+    return tuple(int(i) for i in bad.nonzero()[0]) if bool(bad.any()) else None
+
+
+def _validate_range(tensor, name, low, high, what, used=None):
+    """Every element of `tensor` (where `used`) is in [low, high], else a ValueError naming position and value."""
+    bad = (tensor < low) | (tensor > high)
+    position = _first(bad & used if used is not None else bad)
+    if position is not None:
+        index = ", ".join(map(str, position))
+        raise ValueError(f"{name}[{index}] = {int(tensor[position])}: {what} must be in [{low}, {high}]")
+
+
+def _validate_cu_seqlens(cu_seqlens, num_tokens, max_seqlen):
+    """cu_seqlens starts at 0, never decreases, ends at the token count; max_seqlen covers the longest."""
+    cu = cu_seqlens.long()
+    _check(int(cu[0]) == 0, "cu_seqlens", f"must start at 0, got cu_seqlens[0] = {int(cu[0])}")
+    lengths = cu[1:] - cu[:-1]
+    position = _first(lengths < 0)
+    if position is not None:
+        b = position[0]
+        raise ValueError(
+            f"cu_seqlens: must not decrease, got cu_seqlens[{b}] = {int(cu[b])} > "
+            f"cu_seqlens[{b + 1}] = {int(cu[b + 1])}"
+        )
+    _check(
+        int(cu[-1]) == num_tokens,
+        "cu_seqlens",
+        f"must end at the number of tokens ({num_tokens}), got cu_seqlens[-1] = {int(cu[-1])}",
+    )
+    longest = int(lengths.max())
+    _check(max_seqlen >= longest, "max_seqlen", f"{max_seqlen} is less than the longest sequence ({longest} tokens)")
+
+
+def _validate_pages(block_table, lengths, lengths_name, num_pages, page_size):
+    """Each sequence's length fits its block-table row, and the pages it uses are pages of the cache."""
+    capacity = block_table.shape[1] * page_size
+    _validate_range(lengths, lengths_name, 0, capacity, f"a length (block_table rows hold {capacity} tokens)")
+    pages_used = (lengths.long() + page_size - 1) // page_size
+    used = torch.arange(block_table.shape[1], device=block_table.device)[None, :] < pages_used[:, None]
+    _validate_range(block_table, "block_table", 0, num_pages - 1, "a page used by its sequence", used)
+
+
+# ---- a generated module, as the wrappers below see it ----------------------------------------------------
+
+
+class ModuleView:
+    """A generated module's globals as attributes: `ModuleView(globals())` shares the module's own dict, so a
+    wrapper reading m.NUM_HEADS reads what the module holds now (a value a test patches in included)."""
+
+    def __init__(self, namespace):
+        self.__dict__ = namespace
+
+
+def bind(m, function):
+    """`function(m, ...)` as an entry point of the module `m` (a ModuleView): same name, docstring and signature
+    (less `m`), its __module__ the module's."""
+
+    def bound(*args, **kwargs):
+        return function(m, *args, **kwargs)
+
+    functools.update_wrapper(bound, function)
+    signature = inspect.signature(function)
+    bound.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])
+    bound.__module__ = m.__name__
+    del bound.__wrapped__  # help() and inspect show the bound signature, not the runtime function's
+    return bound
+
+
+def register_op(namespace, name, impl, fake, mutates_args=()):
+    """The torch.library custom op namespace::name running `impl` (fake implementation `fake`), registered once
+    per process: a module imported again keeps the ops of its first import (torch.library.custom_op would
+    silently replace them)."""
+    ops = getattr(torch.ops, namespace)
+    if not hasattr(ops, name):
+        torch.library.custom_op(f"{namespace}::{name}", impl, mutates_args=mutates_args).register_fake(fake)
+    return getattr(ops, name)
+
+
+# ---- decode: backend, schedule, the checked first call and its launches ---------------------------------
+
+#: L2 eviction policies of split sequences' partial rows, (the split kernels' stores, the combine's loads), by
+#: DecodeSchedule.keep_partials: kept in L2 until the combine reads them (then dead), or Triton's default
+_PARTIAL_EVICTION = {True: ("evict_last", "evict_first"), False: ("", "")}
+
+
+def decode_backend(m, device=None, requested=None, *, knobs_given=False, total_rows=None):
+    """(backend, reason) for decode launches on `device` (default: the current CUDA device, else CPU);
+    requested defaults to $MLAGEN_DECODE_BACKEND, else "auto". The decision is select_decode_backend's
+    (launch policy); this gathers the facts it decides on."""
+    device = (
+        torch.device(device)
+        if device is not None
+        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    )
+    name = "backend" if requested is not None else "MLAGEN_DECODE_BACKEND"
+    if requested is None:
+        requested = env_knob(name, os.environ.get(name))
+    capability = m._gpu_capability(device) if requested != "triton" and not m._GLUON_IMPORT_ERROR else None
+    return select_decode_backend(
+        requested,
+        eligible=m.DECODE_GLUON_ELIGIBLE,
+        ineligible_reason=m.DECODE_GLUON_INELIGIBLE_REASON,
+        gluon_error=m._GLUON_IMPORT_ERROR,
+        interpreting=m._INTERPRET,
+        capability=capability,
+        knobs_given=knobs_given,
+        total_rows=total_rows,
+        latency_rows=m.DECODE_SMALL_BLOCK_M,
+        name=name,
+    )
+
+
+class DecodeSchedule:
+    """What one decode launch needs besides the tensors: computed on the host from shapes only. Each generated
+    module subclasses it (its `DecodeSchedule`, whose `_module` is the module's ModuleView).
+
+    Like FlashMLA's metadata it depends on the batch shape, not on the data, so compute it once per
+    batch shape and pass it to every layer's call; nothing here reads device memory, so a call that
+    receives it can be captured in a CUDA graph. Immutable, and only this module's mla_decode takes it
+    (it names the spec it was planned for).
+
+    It also owns the launch's workspace (partial rows of split sequences, float32 or the output's dtype as
+    partial_dtype says, and the merge counters),
+    allocated on a device's first call and reused by every later one, so calls allocate nothing and a
+    captured graph sees fixed buffers: make the first call (a warm-up) before capture. Calls that share
+    a schedule share its workspace: issue them on one stream (as the layers of a model step are), or give
+    each concurrent stream its own schedule.
+    """
+
+    __slots__ = (
+        "spec_hash",
+        "batch_size",
+        "seqlen_q",
+        "backend",
+        "backend_reason",
+        "block_m",
+        "row_blocks",
+        "num_parts",
+        "min_blocks_per_part",
+        "sequence_runs",
+        "narrow",
+        "land_slots",
+        "partial_dtype",
+        "keep_partials",
+        "block_b",
+        "config",
+        "merge",
+        "pdl",
+        "combine_tile",
+        "combine_runs",
+        "combine_grid",
+        "combine_warps",
+        "_workspaces",
+        "_lse_scratch",
+        "_launches",
+        "_out_layout",
+        "_lse_layout",
+        "_frozen",
+    )
+
+    def __init__(
+        self,
+        batch_size,
+        seqlen_q,
+        block_m,
+        num_parts,
+        min_blocks_per_part,
+        config,
+        sm_count,
+        backend="triton",
+        backend_reason="",
+        merge="fused",
+        pdl=False,
+        sequence_runs=False,
+        narrow=0,
+        partial_dtype=torch.float32,
+        keep_partials=False,
+        land_slots=1,
+    ):
+        m = self._module
+        self.spec_hash = m.SPEC_HASH
+        self.batch_size = batch_size
+        self.seqlen_q = seqlen_q
+        #: "gluon" (warp-specialised Hopper kernel) or "triton" (portable); backend_reason: why not gluon
+        self.backend = backend
+        self.backend_reason = backend_reason
+        self.block_m = block_m
+        self.row_blocks = cdiv(seqlen_q * m.NUM_HEADS, block_m)
+        self.num_parts = num_parts
+        self.min_blocks_per_part = min_blocks_per_part
+        #: no run crosses a sequence's end (see _split_schedule and decode_sequence_runs)
+        self.sequence_runs = sequence_runs
+        #: the Gluon kernel's narrow form: N, the query rows its MMAs take as their N (see gluon_narrow_rows);
+        #: 0 where rows are the MMAs' M, and for the portable kernel
+        self.narrow = narrow
+        #: (Gluon, fp8 cache, the landing producer) blocks landing at a time: more than 1, a ring of its own beside
+        #: the query tile (see gluon_land_ring)
+        self.land_slots = land_slots
+        #: dtype of the workspace's partial rows: float32, or the output's dtype (see decode_partials_in_dtype)
+        self.partial_dtype = partial_dtype
+        #: the split kernels store partial rows L2 evict-last and the combine reads them evict-first (see
+        #: decode_keep_partials)
+        self.keep_partials = keep_partials
+        self.block_b = max(16, next_pow2(batch_size))
+        self.config = config
+        #: "fused": split sequences are merged by their runs in the one launch; "kernel": by a second launch
+        self.merge = merge
+        #: the combine launch is a programmatic dependent launch of the split launch (see decode_pdl)
+        self.pdl = pdl
+        self.combine_tile, tile_runs = combine_tile(
+            batch_size,
+            seqlen_q * m.NUM_HEADS,
+            m.KV_LORA_RANK,
+            sm_count,
+            m.DECODE_COMBINE_TILES,
+            m.DECODE_SMALL_BATCH,
+            num_parts,
+        )
+        #: the combine launch's grid (batch, row tiles, column tiles), warps a program (see combine_warps) and
+        #: runs merged a step (see combine_step_runs_for_warps)
+        tile_rows, tile_cols = self.combine_tile
+        self.combine_grid = (batch_size, cdiv(seqlen_q * m.NUM_HEADS, tile_rows), cdiv(m.KV_LORA_RANK, tile_cols))
+        programs = math.prod(self.combine_grid)
+        self.combine_warps = combine_warps(self.combine_tile, programs, sm_count)
+        self.combine_runs = combine_step_runs_for_warps(
+            tile_runs, self.combine_tile, self.combine_warps, programs, sm_count
+        )
+        self._workspaces = {}
+        self._lse_scratch = {}
+        #: (shape, strides) of a call's out [B, Sq, H, Dc] and lse [B, H, Sq], contiguous, when the call allocates them
+        self._out_layout = (
+            (batch_size, seqlen_q, m.NUM_HEADS, m.KV_LORA_RANK),
+            (seqlen_q * m.NUM_HEADS * m.KV_LORA_RANK, m.NUM_HEADS * m.KV_LORA_RANK, m.KV_LORA_RANK, 1),
+        )
+        self._lse_layout = ((batch_size, m.NUM_HEADS, seqlen_q), (m.NUM_HEADS * seqlen_q, seqlen_q, 1))
+        #: call signature (_decode_signature) -> the call's launches, prepared by its first call
+        self._launches = {}
+        self._frozen = True
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError(f"DecodeSchedule is immutable (setting {name}): plan another with get_decode_schedule")
+        object.__setattr__(self, name, value)
+
+    def workspace(self, device):
+        """(o_part, lse_part, counters) on `device`: one slot per (sequence, run) piece, at most num_parts +
+        batch of them, and the fused merge's arrival counters (zero between calls: the last arrival resets)."""
+        device = torch.device(device)
+        buffers = self._workspaces.get(device)
+        if buffers is None:
+            m = self._module
+            rows = self.seqlen_q * m.NUM_HEADS
+            slots = self.num_parts + self.batch_size
+            buffers = (
+                torch.empty((slots, rows, m.KV_LORA_RANK), dtype=self.partial_dtype, device=device),
+                torch.empty((slots, rows), dtype=torch.float32, device=device),
+                torch.zeros((slots, self.row_blocks, m.DECODE_MERGE_LEVELS), dtype=torch.int32, device=device),
+            )
+            self._workspaces[device] = buffers
+        if _POISON_WORKSPACE:
+            buffers[0].fill_(float("nan"))
+            buffers[1].fill_(float("nan"))
+        return buffers
+
+    def _lse_rows(self, device):
+        """float32 [B, H, Sq] rows on `device` for the LSE of calls that neither give nor return one: the kernels
+        only store there, so calls (on the schedule's one stream) share them instead of allocating."""
+        rows = self._lse_scratch.get(device)
+        if rows is None:
+            rows = self._lse_scratch[device] = torch.empty(
+                (self.batch_size, self._module.NUM_HEADS, self.seqlen_q), dtype=torch.float32, device=device
+            )
+        return rows
+
+    def __repr__(self):
+        return (
+            f"DecodeSchedule(batch_size={self.batch_size}, seqlen_q={self.seqlen_q}, backend={self.backend!r}, "
+            f"block_m={self.block_m}, "
+            f"num_parts={self.num_parts}, min_blocks_per_part={self.min_blocks_per_part}, "
+            f"sequence_runs={self.sequence_runs}, narrow={self.narrow}, land_slots={self.land_slots}, "
+            f"partial_dtype={self.partial_dtype}, "
+            f"keep_partials={self.keep_partials}, "
+            f"config={self.config}, merge={self.merge!r}, pdl={self.pdl})"
+        )
+
+
+def get_decode_schedule(
+    m,
+    batch_size,
+    seqlen_q=1,
+    device=None,
+    *,
+    num_parts=None,
+    config=None,
+    min_blocks_per_part=None,
+    block_m=None,
+    backend=None,
+    merge=None,
+    pdl=None,
+):
+    """Plan a decode launch: backend, rows per program, split-KV runs and tile configuration.
+
+    num_parts: how many runs the batch's cache blocks are cut into at most (default: from the SM count).
+    config: (block_n, num_warps, num_stages) to force a tile configuration of the portable kernel; with
+        backend="gluon", (block_n, registers of the second warpgroup, num_stages) of DECODE_GLUON_SPACE.
+    min_blocks_per_part: fewest cache blocks per run (default: the plan's cost rule).
+    block_m: query rows per program of the portable kernel, one of DECODE_SPACE's keys (default: H * Sq,
+        clamped).
+    backend: "auto", "gluon" or "triton" (default: $MLAGEN_DECODE_BACKEND, else "auto"); "auto" takes the
+        Gluon kernel where it can run (see decode_backend) unless config or block_m, the portable kernel's
+        knobs, are given, or the whole batch has at most 16 query rows (B * H * Sq).
+    merge: "fused" (split sequences merged by their own runs: one launch), "kernel" (a second, combine
+        launch) or "auto" (fused on the Gluon backend where sequences average at most about five runs, see
+        decode_merge); default:
+        $MLAGEN_DECODE_MERGE, else "auto".
+    pdl: whether a combine launch is a programmatic dependent launch of the split launch (Hopper and later;
+        see decode_pdl); default: where it can run, unless MLAGEN_DECODE_PDL=0.
+    """
+    _check_host_int(batch_size, "batch_size", 1)
+    _check_host_int(seqlen_q, "seqlen_q", 1)
+    device = (
+        torch.device(device)
+        if device is not None
+        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    )
+    _check_device(device, "device")
+    rows = seqlen_q * m.NUM_HEADS
+    chosen, reason = m.decode_backend(
+        device, backend, knobs_given=config is not None or block_m is not None, total_rows=batch_size * rows
+    )
+    sm_count = m._sm_count(device)
+    if chosen == "gluon":
+        block_m, small = m.DECODE_GLUON_BLOCK_M, False
+        parts_per_sm = m.DECODE_GLUON_PARTS_PER_SM
+        config_given = config is not None
+        if config is None:
+            config = tuned_config(m.DECODE_TUNED, m._gpu_key(device), DECODE_GLUON_BUCKET, m.DECODE_GLUON_DEFAULT)
+        _check(
+            isinstance(config, (tuple, list)) and tuple(config) in m.DECODE_GLUON_SPACE,
+            "config",
+            f"the Gluon decode takes (block_n, registers, stages) in {list(m.DECODE_GLUON_SPACE)}, got {config!r}",
+        )
+        config = tuple(config)
+        narrow = gluon_narrow_rows(rows, m.DECODE_GLUON_NARROW_ROWS)
+        tall_rows = not narrow  # query rows as the MMAs' M (see decode_sequence_runs)
+        slots, fewest_blocks = gluon_small_batch_schedule(
+            sm_count,
+            narrow=narrow,
+            batch_size=batch_size,
+            small_batch=m.DECODE_SMALL_BATCH,
+            min_blocks_per_part=m.DECODE_GLUON_MIN_BLOCKS_PER_PART,
+            fp8_cache=m.CACHE_SCALED,
+        )
+    else:
+        block_m, small = decode_row_block(
+            block_m,
+            rows,
+            batch_size,
+            min_block_m=m.DECODE_MIN_BLOCK_M,
+            max_block_m=m.DECODE_MAX_BLOCK_M,
+            small_batch=m.DECODE_SMALL_BATCH,
+            small_block_m=m.DECODE_SMALL_BLOCK_M,
+        )
+        _check(block_m in m.DECODE_SPACE, "block_m", f"must be one of {sorted(m.DECODE_SPACE)}, got {block_m!r}")
+        parts_per_sm, cost_table, slots = m.DECODE_PARTS_PER_SM, m.DECODE_MIN_BLOCKS_PER_PART, sm_count
+        narrow, tall_rows = 0, False
+        if config is None and (m._INTERPRET or device.type != "cuda"):
+            config = m.DECODE_INTERPRETER_CONFIG
+        elif config is None:
+            fallback = (m.DECODE_SMALL_DEFAULTS if small else m.DECODE_DEFAULTS)[block_m]
+            config = tuned_config(m.DECODE_TUNED, m._gpu_key(device), decode_bucket(block_m, small), fallback)
+        config = check_decode_config(config)
+    num_parts = decode_num_parts(
+        num_parts,
+        sm_count=slots,
+        parts_per_sm=parts_per_sm,
+        row_blocks=cdiv(rows, block_m),
+        batch_size=batch_size,
+        align_runs=chosen == "gluon",
+    )
+    land_slots = 1
+    if chosen == "gluon":
+        config, fewest_blocks, land_slots = gluon_blocks(
+            config,
+            fewest_blocks=fewest_blocks,
+            sizes=m.DECODE_GLUON_BLOCK_SIZES,
+            query_rows=rows,
+            narrow=narrow,
+            batch_size=batch_size,
+            num_parts=num_parts,
+            small_batch=m.DECODE_SMALL_BATCH,
+            fp8_cache=m.CACHE_SCALED,
+            page_size=m.PAGE_SIZE,
+            config_given=config_given,
+        )
+        cost_table = {(block_m, config[0]): fewest_blocks}
+    min_blocks_per_part = decode_min_blocks_per_part(
+        min_blocks_per_part,
+        small=small,
+        block_m=block_m,
+        small_block_m=m.DECODE_SMALL_BLOCK_M,
+        block_n=config[0],
+        cost_table=cost_table,
+    )
+    merge = decode_merge(
+        merge if merge is not None else env_knob("MLAGEN_DECODE_MERGE", os.environ.get("MLAGEN_DECODE_MERGE")),
+        backend=chosen,
+        batch_size=batch_size,
+        num_parts=num_parts,
+        narrow=narrow,
+        name="merge" if merge is not None else "MLAGEN_DECODE_MERGE",
+    )
+    pdl = decode_pdl(
+        pdl if pdl is not None else (None if m.DECODE_PDL else False),
+        merge=merge,
+        capability=m._gpu_capability(device),
+        interpreting=m._INTERPRET,
+    )
+    sequence_runs = decode_sequence_runs(batch_size, num_parts, m.DECODE_SMALL_BATCH, tall_rows=tall_rows)
+    partial_dtype = m.DTYPE if decode_partials_in_dtype(chosen, rows) else torch.float32
+    return m.DecodeSchedule(
+        batch_size,
+        seqlen_q,
+        block_m,
+        num_parts,
+        min_blocks_per_part,
+        config,
+        sm_count,
+        chosen,
+        reason,
+        merge,
+        pdl,
+        sequence_runs,
+        narrow,
+        partial_dtype,
+        decode_keep_partials(),
+        land_slots,
+    )
+
+
+def mla_decode_checked(
+    m,
+    q,
+    kv_cache,
+    block_table,
+    cache_seqlens,
+    softmax_scale,
+    kv_scale,
+    return_lse,
+    schedule,
+    out,
+    lse,
+    validate,
+    causal,
+    empty_lse,
+):
+    """A generated module's mla_decode where no launch prepared by an earlier call fits: every argument checked,
+    the launches prepared on the schedule (kept for later calls of this layout) and issued."""
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    _check_tensor(q, "q", ndim=4, dtype=m.DTYPE, last_dim=width)
+    device = q.device
+    _check_device(device, "q")
+    _check_flag(return_lse, "return_lse")
+    _check(q.shape[2] == m.NUM_HEADS, "q", f"expected {m.NUM_HEADS} heads in dimension 2, got shape {tuple(q.shape)}")
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    _check(batch >= 1 and seqlen_q >= 1, "q", f"batch and Sq must be >= 1, got shape {tuple(q.shape)}")
+    m._check_paged_cache(kv_cache, device)
+    kv_scale_tensor = m._kv_scale(kv_scale, device, validate)
+    _check_per_sequence(block_table, "block_table", batch, device, ndim=2)
+    _check_per_sequence(cache_seqlens, "cache_seqlens", batch, device, ndim=1)
+    if _validating(validate, device):
+        _validate_pages(block_table, cache_seqlens, "cache_seqlens", kv_cache.shape[0], m.PAGE_SIZE)
+    if schedule is None:
+        schedule = m._default_schedule(batch, seqlen_q, device)
+    if not (type(schedule) is m.DecodeSchedule and schedule.spec_hash == m.SPEC_HASH):
+        raise ValueError(
+            f"schedule: planned by another module (spec {getattr(schedule, 'spec_hash', '?')[:12]}), "
+            f"not this one ('{m.SPEC['name']}', {m.SPEC_HASH[:12]}): use this module's get_decode_schedule"
+        )
+    _check(
+        schedule.batch_size == batch and schedule.seqlen_q == seqlen_q,
+        "schedule",
+        f"planned for batch {schedule.batch_size}, Sq {schedule.seqlen_q}; called with {batch}, {seqlen_q}",
+    )
+    scale = m._softmax_scale(softmax_scale)
+    _check(type(causal) is bool, "causal", f"must be True or False, got {causal!r}")
+    causal = causal or seqlen_q == 1  # one new token: both forms are the same launch
+    _check(
+        isinstance(empty_lse, (int, float)) and not isinstance(empty_lse, bool) and abs(empty_lse) == math.inf,
+        "empty_lse",
+        f"must be -math.inf or math.inf, got {empty_lse!r}",
+    )
+    empty_lse = float(empty_lse)
+    addresses = m._decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
+    signature = m._decode_signature(
+        q,
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        out,
+        lse,
+        kv_scale,
+        kv_scale_tensor,
+        scale,
+        causal,
+        empty_lse,
+        addresses,
+    )
+
+    out_shape = (batch, seqlen_q, m.NUM_HEADS, m.KV_LORA_RANK)
+    if out is None:
+        out = torch.empty(out_shape, dtype=m.DTYPE, device=device)
+    _check_tensor(out, "out", ndim=4, dtype=m.DTYPE, device=device)
+    _check(tuple(out.shape) == out_shape, "out", f"expected shape {out_shape}, got {tuple(out.shape)}")
+    if lse is None:
+        lse = (
+            schedule._lse_rows(device)
+            if not return_lse
+            else torch.empty((batch, m.NUM_HEADS, seqlen_q), dtype=torch.float32, device=device)
+        )
+    _check(
+        tuple(lse.shape) == (batch, m.NUM_HEADS, seqlen_q)
+        and lse.dtype == torch.float32
+        and lse.device == device
+        and lse.stride(-1) == 1,
+        "lse",
+        f"expected float32 [{batch}, {m.NUM_HEADS}, {seqlen_q}] on {device}",
+    )
+    _check_no_overlap(
+        (("out", out), ("lse", lse)),
+        (
+            ("q", q),
+            ("kv_cache", kv_cache),
+            ("block_table", block_table),
+            ("cache_seqlens", cache_seqlens),
+            ("kv_scale", kv_scale_tensor),
+        ),
+    )
+    inputs = (q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
+    workspace = schedule.workspace(device)
+    launches = prepare_decode(m, inputs, workspace, scale, schedule, causal, empty_lse)
+    for launch in launches:
+        launch.launch(inputs)
+    if _DIRECT_LAUNCH and all(launch.reusable for launch in launches):
+        if len(schedule._launches) >= 64:  # layouts that never repeat: bounded
+            schedule._launches.clear()
+        schedule._launches[signature] = launches
+    return (out, lse) if return_lse else out
+
+
+def prepare_decode(m, inputs, workspace, scale, schedule, causal, empty_lse):
+    """The launches of one decode call (inputs, causal, empty_lse: see mla_decode): the split kernel, and the
+    combine kernel where the schedule merges split sequences in a second launch."""
+    q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
+    if schedule.backend == "gluon":
+        launches = [m._mla_decode_gluon_split(inputs, workspace, scale, schedule, causal, empty_lse)]
+    else:
+        launches = [decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse)]
+    if schedule.merge == "kernel":
+        o_part, lse_part, _ = workspace
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        tile_rows, tile_cols = schedule.combine_tile
+        launches.append(
+            _PreparedLaunch(
+                m._mla_decode_combine_kernel,
+                schedule.combine_grid,
+                inputs,
+                workspace,
+                (
+                    cache_seqlens,
+                    out,
+                    lse,
+                    o_part,
+                    lse_part,
+                    batch,
+                    schedule.num_parts,
+                    schedule.min_blocks_per_part,
+                    out.stride(0),
+                    out.stride(1),
+                    out.stride(2),
+                    lse.stride(0),
+                    lse.stride(1),
+                    o_part.stride(0),
+                    o_part.stride(1),
+                ),
+                dict(
+                    SQ=seqlen_q,
+                    H=m.NUM_HEADS,
+                    DC=m.KV_LORA_RANK,
+                    BLOCK_N=schedule.config[0],
+                    BLOCK_B=schedule.block_b,
+                    BLOCK_ROWS=tile_rows,
+                    BLOCK_C=tile_cols,
+                    BLOCK_RUNS=schedule.combine_runs,
+                    PDL=schedule.pdl,
+                    SEQUENCE_RUNS=schedule.sequence_runs,
+                    PARTIAL_LOAD=_PARTIAL_EVICTION[schedule.keep_partials][1],
+                    EMPTY_INF=empty_lse > 0,
+                ),
+                num_warps=schedule.combine_warps,
+                num_stages=2,
+                launch_pdl=schedule.pdl,
+            )
+        )
+    return launches
+
+
+def decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse):
+    """The portable split kernel's launch: final results of whole-sequence runs, partials of the others
+    (merged in the launch when schedule.merge is "fused"). inputs: see mla_decode; kv_scale among them is None,
+    or the fp8 cache's float32 [1] scale tensor (see the module's _kv_scale)."""
+    q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
+    o_part, lse_part, counters = workspace
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    block_n, num_warps, num_stages = schedule.config
+    use_tma, q_tma = decode_tile_loads(
+        enabled=m.DECODE_USE_TMA,
+        page_size=m.PAGE_SIZE,
+        block_n=block_n,
+        page_stride=kv_cache.stride(0),
+        row_stride=kv_cache.stride(1),
+        width=width,
+        block_m=schedule.block_m,
+        q_tma_min_block_m=m.DECODE_Q_TMA_MIN_BLOCK_M,
+        q_contiguous=q.is_contiguous(),
+    )
+    q_desc_c = q_desc_r = kv_desc_c = kv_desc_r = None
+    if use_tma:
+        kv_desc_c, kv_desc_r = m._latent_descriptors(kv_cache.view(-1, width), block_n)
+    if q_tma:
+        q_desc_c, q_desc_r = m._latent_descriptors(q.view(-1, width), schedule.block_m)
+    return _PreparedLaunch(
+        m._mla_decode_split_kernel,
+        (schedule.row_blocks, schedule.num_parts),
+        inputs,
+        workspace,
+        (
+            q,
+            q_desc_c,
+            q_desc_r,
+            kv_cache,
+            kv_desc_c,
+            kv_desc_r,
+            block_table,
+            cache_seqlens,
+            out,
+            lse,
+            o_part,
+            lse_part,
+            counters,
+            scale * LOG2E,
+            batch,
+            schedule.num_parts,
+            schedule.min_blocks_per_part,
+            q.stride(0),
+            q.stride(1),
+            q.stride(2),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            block_table.stride(0),
+            out.stride(0),
+            out.stride(1),
+            out.stride(2),
+            lse.stride(0),
+            lse.stride(1),
+            o_part.stride(0),
+            o_part.stride(1),
+        ),
+        dict(
+            SQ=seqlen_q,
+            H=m.NUM_HEADS,
+            DC=m.KV_LORA_RANK,
+            DR=m.QK_ROPE_HEAD_DIM,
+            KV_SCALE=kv_scale,
+            F16_DOTS=kv_scale is not None
+            and fp8_dots_in_float16(schedule.block_m, wgmma_min_block_m=m.DECODE_Q_TMA_MIN_BLOCK_M),
+            DC_PAD=m.DECODE_DC_PAD,
+            DR_PAD=m.DECODE_DR_PAD,
+            PAGE_SIZE=m.PAGE_SIZE,
+            BLOCK_M=schedule.block_m,
+            BLOCK_N=block_n,
+            BLOCK_B=schedule.block_b,
+            USE_TMA=use_tma,
+            Q_TMA=q_tma,
+            UPCAST=m._INTERPRET,
+            FUSED_MERGE=schedule.merge == "fused",
+            MERGE_FANIN=m.DECODE_MERGE_FANIN,
+            MERGE_LEVELS=m.DECODE_MERGE_LEVELS,
+            MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C,
+            PDL=schedule.pdl,
+            SEQUENCE_RUNS=schedule.sequence_runs,
+            PARTIAL_STORE=_PARTIAL_EVICTION[schedule.keep_partials][0],
+            CAUSAL=causal,
+            EMPTY_INF=empty_lse > 0,
+        ),
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+# ---- prefill, chunked prefill, the attention-state merge ------------------------------------------------
+
+
+def prefill_config(m, device=None, bucket="causal"):
+    """The (block_m, block_n, num_warps, num_stages) a prefill launch on `device` uses.
+
+    bucket: "causal" (new tokens among themselves) or "prefix" (new tokens against a cached prefix).
+    """
+    device = (
+        torch.device(device)
+        if device is not None
+        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    )
+    if m._INTERPRET or device.type != "cuda":
+        return m.PREFILL_INTERPRETER_CONFIG
+    return tuned_config(m.PREFILL_TUNED, m._gpu_key(device), bucket, m.PREFILL_DEFAULT)
+
+
+def _check_cu_seqlens(cu_seqlens, name, device):
+    _check_tensor(cu_seqlens, name, ndim=1, dtype=torch.int32, device=device)
+    _check(cu_seqlens.shape[0] >= 2, name, f"expected [B+1] with B >= 1, got shape {tuple(cu_seqlens.shape)}")
+
+
+def _tma_ok(tensor, head_dim):
+    """TMA reads a [T, (H,) D] tensor as a 2-D [T, H*D] matrix: heads dense, 16-byte aligned rows."""
+    dense_heads = tensor.dim() == 2 or (tensor.stride(1) == head_dim and tensor.stride(2) == 1)
+    return (
+        dense_heads
+        and tensor.shape[0] > 0
+        and tensor.stride(0) * tensor.element_size() % 16 == 0
+        and tensor.data_ptr() % 16 == 0
+    )
+
+
+def _key_descriptors(m, k_nope, k_pe, v, block_n):
+    """TMA descriptors of k_nope [T, H*Dn], k_pe [T, Dr] and v [T, H*Dv], or Nones where not possible."""
+    if not (
+        m.PREFILL_USE_TMA
+        and _tma_ok(k_nope, m.QK_NOPE_HEAD_DIM)
+        and _tma_ok(k_pe, m.QK_ROPE_HEAD_DIM)
+        and _tma_ok(v, m.V_HEAD_DIM)
+    ):
+        return None, None, None
+    num_keys = k_nope.shape[0]
+    kn = TensorDescriptor(
+        k_nope, [num_keys, m.NUM_HEADS * m.QK_NOPE_HEAD_DIM], [k_nope.stride(0), 1], [block_n, m.PREFILL_DN_PAD]
+    )
+    kr = TensorDescriptor(k_pe, [num_keys, m.QK_ROPE_HEAD_DIM], [k_pe.stride(0), 1], [block_n, m.PREFILL_DR_PAD])
+    vd = TensorDescriptor(v, [num_keys, m.NUM_HEADS * m.V_HEAD_DIM], [v.stride(0), 1], [block_n, m.PREFILL_DV_PAD])
+    return kn, kr, vd
+
+
+def launch_prefill(m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config, use_tma=None):
+    """One launch of the module's _mla_prefill_kernel (arguments already checked). lse may be None."""
+    batch = cu_q.shape[0] - 1
+    block_m, block_n, num_warps, num_stages = config
+    if max_seqlen_q == 0:
+        return
+    kn_desc, kr_desc, v_desc = _key_descriptors(m, k_nope, k_pe, v, block_n) if use_tma is not False else (None,) * 3
+    grid = (cdiv(max_seqlen_q, block_m), batch * m.NUM_HEADS)
+    _launch(
+        m._mla_prefill_kernel,
+        grid,
+        q,
+        k_nope,
+        k_pe,
+        v,
+        kn_desc,
+        kr_desc,
+        v_desc,
+        out,
+        lse if lse is not None else out,
+        cu_q,
+        cu_k,
+        scale * LOG2E,
+        q.stride(0),
+        q.stride(1),
+        k_nope.stride(0),
+        k_nope.stride(1),
+        k_pe.stride(0),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if lse is not None else 0,
+        H=m.NUM_HEADS,
+        DN=m.QK_NOPE_HEAD_DIM,
+        DR=m.QK_ROPE_HEAD_DIM,
+        DV=m.V_HEAD_DIM,
+        DN_PAD=m.PREFILL_DN_PAD,
+        DR_PAD=m.PREFILL_DR_PAD,
+        DV_PAD=m.PREFILL_DV_PAD,
+        CAUSAL=causal,
+        STORE_LSE=lse is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        USE_TMA=kn_desc is not None,
+        UPCAST=m._INTERPRET,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+
+
+def _check_mha_inputs(m, q, k_nope, k_pe, v, num_keys=None):
+    """Shapes of the MHA-form inputs; returns the number of query tokens."""
+    qk_width = m.QK_NOPE_HEAD_DIM + m.QK_ROPE_HEAD_DIM
+    _check_tensor(q, "q", ndim=3, dtype=m.DTYPE, last_dim=qk_width)
+    device = q.device
+    _check_device(device, "q")
+    num_tokens = q.shape[0]
+    num_keys = num_tokens if num_keys is None else num_keys
+    _check(q.shape[1] == m.NUM_HEADS, "q", f"expected {m.NUM_HEADS} heads in dimension 1, got shape {tuple(q.shape)}")
+    for name, tensor, shape in (
+        ("k_nope", k_nope, (num_keys, m.NUM_HEADS, m.QK_NOPE_HEAD_DIM)),
+        ("k_pe", k_pe, (num_keys, m.QK_ROPE_HEAD_DIM)),
+        ("v", v, (num_keys, m.NUM_HEADS, m.V_HEAD_DIM)),
+    ):
+        _check_tensor(tensor, name, ndim=len(shape), dtype=m.DTYPE, device=device)
+        _check(tuple(tensor.shape) == shape, name, f"expected shape {list(shape)}, got {tuple(tensor.shape)}")
+    return num_tokens
+
+
+def _check_max_seqlen(max_seqlen, num_tokens):
+    """A host int in [0, T]: no sequence is longer than all T tokens, and programs are launched for max_seqlen
+    tokens of every sequence (a bound far past T would launch that many idle blocks)."""
+    _check_host_int(max_seqlen, "max_seqlen")
+    _check(
+        max_seqlen <= num_tokens,
+        "max_seqlen",
+        f"{max_seqlen} is more than the number of tokens ({num_tokens}): must be in [longest sequence, {num_tokens}]",
+    )
+
+
+def _prefill_outputs(m, num_tokens, device, out, lse, return_lse, out_dtype=None):
+    out_shape = (num_tokens, m.NUM_HEADS, m.V_HEAD_DIM)
+    out_dtype = m.DTYPE if out_dtype is None else out_dtype
+    if out is None:
+        out = torch.empty(out_shape, dtype=out_dtype, device=device)
+    _check_tensor(out, "out", ndim=3, dtype=out_dtype, device=device)
+    _check(tuple(out.shape) == out_shape, "out", f"expected shape {out_shape}, got {tuple(out.shape)}")
+    if lse is None and return_lse:
+        lse = torch.empty((m.NUM_HEADS, num_tokens), dtype=torch.float32, device=device)
+    if lse is not None:
+        _check(
+            tuple(lse.shape) == (m.NUM_HEADS, num_tokens)
+            and lse.dtype == torch.float32
+            and lse.device == device
+            and lse.stride(-1) == 1,
+            "lse",
+            f"expected float32 [{m.NUM_HEADS}, {num_tokens}] on {device}",
+        )
+    return out, lse
+
+
+def mla_prefill(
+    m,
+    q,
+    k_nope,
+    k_pe,
+    v,
+    cu_seqlens,
+    max_seqlen,
+    *,
+    softmax_scale=None,
+    return_lse=False,
+    out=None,
+    lse=None,
+    config=None,
+    validate=None,
+):
+    """Causal MLA prefill in MHA form over packed variable-length sequences.
+
+    q [T, H, Dn+Dr] (= [q_nope ; q_pe]), k_nope [T, H, Dn], k_pe [T, Dr] (shared by all heads),
+    v [T, H, Dv], cu_seqlens [B+1] int32 (sequence b owns tokens cu_seqlens[b]..cu_seqlens[b+1]-1),
+    max_seqlen: a host int >= the longest sequence (programs are launched for that many tokens; a smaller
+    value leaves tokens unwritten, so it is checked whenever validation is on).
+    Returns out [T, H, Dv] and, with return_lse=True, (out, lse [H, T] float32, natural log).
+    Inputs may be strided views (e.g. k_pe a column slice of [c_kv ; k_pe] rows) if the last dim is dense.
+    config: (block_m, block_n, num_warps, num_stages) to force a tile configuration.
+    validate: check cu_seqlens and max_seqlen against the tokens (default: on for CPU tensors or with
+    MLAGEN_VALIDATE=1; on the GPU it costs a synchronisation, and the values are the caller's contract).
+    """
+    num_tokens = _check_mha_inputs(m, q, k_nope, k_pe, v)
+    device = q.device
+    _check_flag(return_lse, "return_lse")
+    _check_cu_seqlens(cu_seqlens, "cu_seqlens", device)
+    _check_max_seqlen(max_seqlen, num_tokens)
+    if _validating(validate, device):
+        _validate_cu_seqlens(cu_seqlens, num_tokens, max_seqlen)
+    out, lse = _prefill_outputs(m, num_tokens, device, out, lse, return_lse)
+    _check_no_overlap(
+        (("out", out), ("lse", lse)),
+        (("q", q), ("k_nope", k_nope), ("k_pe", k_pe), ("v", v), ("cu_seqlens", cu_seqlens)),
+    )
+    config = check_prefill_config(config) if config is not None else prefill_config(m, device, "causal")
+    scale = m._softmax_scale(softmax_scale)
+    launch_prefill(m, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config)
+    return (out, lse) if return_lse else out
+
+
+def merge_attn_states(
+    m, prefix_output, prefix_lse, suffix_output, suffix_lse, *, out=None, out_lse=None, return_lse=False
+):
+    """Exact merge of attention over two disjoint key sets through their log-sum-exps.
+
+    *_output [T, H, Dv] (spec dtype or float32), *_lse [H, T] float32 (natural log; -inf: no keys, then
+    that part's output is ignored). Returns out [T, H, Dv] in the spec dtype (and lse [H, T]).
+    """
+    _check(isinstance(prefix_output, torch.Tensor), "prefix_output", "expected a torch.Tensor")
+    num_tokens, device = prefix_output.shape[0], prefix_output.device
+    _check_device(device, "prefix_output")
+    _check_flag(return_lse, "return_lse")
+    shape = (num_tokens, m.NUM_HEADS, m.V_HEAD_DIM)
+    for name, tensor in (("prefix_output", prefix_output), ("suffix_output", suffix_output)):
+        _check(
+            isinstance(tensor, torch.Tensor) and tensor.dtype in (m.DTYPE, torch.float32),
+            name,
+            f"expected a {m.DTYPE} or torch.float32 tensor",
+        )
+        _check_tensor(tensor, name, ndim=3, dtype=tensor.dtype, device=device)
+        _check(tuple(tensor.shape) == shape, name, f"expected shape {list(shape)}, got {tuple(tensor.shape)}")
+    for name, tensor in (("prefix_lse", prefix_lse), ("suffix_lse", suffix_lse)):
+        _check_tensor(tensor, name, ndim=2, dtype=torch.float32, device=device)
+        _check(
+            tuple(tensor.shape) == (m.NUM_HEADS, num_tokens),
+            name,
+            f"expected shape {[m.NUM_HEADS, num_tokens]}, got {tuple(tensor.shape)}",
+        )
+    out, out_lse = _prefill_outputs(m, num_tokens, device, out, out_lse, return_lse)
+    _check_no_overlap(
+        (("out", out), ("out_lse", out_lse)),
+        (
+            ("prefix_output", prefix_output),
+            ("prefix_lse", prefix_lse),
+            ("suffix_output", suffix_output),
+            ("suffix_lse", suffix_lse),
+        ),
+    )
+    if num_tokens > 0:
+        _launch(
+            m._merge_attn_states_kernel,
+            (cdiv(num_tokens, m.PREFILL_MERGE_BLOCK_T), m.NUM_HEADS),
+            out,
+            out_lse if out_lse is not None else prefix_lse,
+            prefix_output,
+            prefix_lse,
+            suffix_output,
+            suffix_lse,
+            num_tokens,
+            out.stride(0),
+            out.stride(1),
+            out_lse.stride(0) if out_lse is not None else 0,
+            prefix_output.stride(0),
+            prefix_output.stride(1),
+            prefix_lse.stride(0),
+            suffix_output.stride(0),
+            suffix_output.stride(1),
+            suffix_lse.stride(0),
+            DV=m.V_HEAD_DIM,
+            DV_PAD=m.PREFILL_DV_PAD,
+            BLOCK_T=m.PREFILL_MERGE_BLOCK_T,
+            STORE_LSE=out_lse is not None,
+            num_warps=4,
+        )
+    return (out, out_lse) if return_lse else out
+
+
+def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale=None):
+    """Gather the cached prefixes from the paged latent cache and expand them to MHA form.
+
+    Returns packed k_nope [P, H, Dn] = c_kv W_UK^T, k_pe [P, Dr] (a view of the gathered rows) and
+    v [P, H, Dv] = c_kv W_UV^T, P = num_prefix_tokens = cu_prefix[-1]. kv_scale: the fp8 cache's float32 [1]
+    scale tensor (see the module's _kv_scale), or None for a 16-bit cache.
+    """
+    device = kv_cache.device
+    tok = torch.arange(num_prefix_tokens, device=device, dtype=torch.int64)
+    seq = torch.searchsorted(cu_prefix[1:].to(torch.int64), tok, right=True)
+    pos = tok - cu_prefix.to(torch.int64)[seq]
+    pages = block_table[seq, pos // m.PAGE_SIZE].to(torch.int64)
+    rows = kv_cache[pages, pos % m.PAGE_SIZE, 0]  # [P, Dc+Dr]
+    if kv_scale is not None:
+        # an fp8 prefix: dequantised on the device (no host read of the scale), in float32, then rounded
+        # once to the dtype the expansion GEMMs and the attention run in
+        rows = (rows.to(torch.float32) * kv_scale).to(m.DTYPE)
+    c_kv = rows[:, : m.KV_LORA_RANK]
+    k_nope = (c_kv @ w_uk.reshape(m.NUM_HEADS * m.QK_NOPE_HEAD_DIM, m.KV_LORA_RANK).t()).view(
+        num_prefix_tokens, m.NUM_HEADS, m.QK_NOPE_HEAD_DIM
+    )
+    v = (c_kv @ w_uv.reshape(m.NUM_HEADS * m.V_HEAD_DIM, m.KV_LORA_RANK).t()).view(
+        num_prefix_tokens, m.NUM_HEADS, m.V_HEAD_DIM
+    )
+    return k_nope, rows[:, m.KV_LORA_RANK :], v
+
+
+def mla_chunked_prefill(
+    m,
+    q,
+    k_nope,
+    k_pe,
+    v,
+    cu_seqlens,
+    max_seqlen,
+    kv_cache,
+    block_table,
+    prefix_lens,
+    w_uk,
+    w_uv,
+    *,
+    softmax_scale=None,
+    kv_scale=None,
+    return_lse=False,
+    out=None,
+    lse=None,
+    config=None,
+    validate=None,
+    num_prefix_tokens=None,
+):
+    """Chunked prefill: new tokens attend to their cached prefix and causally to themselves.
+
+    New tokens (packed, like mla_prefill): q [T, H, Dn+Dr], k_nope [T, H, Dn], k_pe [T, Dr], v [T, H, Dv],
+    cu_seqlens [B+1] int32, max_seqlen (host int). Token j of sequence b sits at position
+    prefix_lens[b] + j. Cached prefix: kv_cache [num_pages, page_size, 1, Dc+Dr] (latent rows
+    [c_kv ; k_pe]), block_table [B, max_pages] int32, prefix_lens [B] int32 (0 allowed); its first
+    prefix_lens[b] positions are attended. w_uk [H, Dn, Dc], w_uv [H, Dv, Dc]: the up-projections
+    (k_nope = W_UK c_kv, v = W_UV c_kv). Returns out [T, H, Dv] (and lse [H, T]): exactly attention over
+    prefix + new tokens. kv_scale: for a float8_e4m3fn cache the layer's scale (as in mla_decode); the
+    prefix is dequantised (stored * kv_scale) before it is expanded. None for a 16-bit cache.
+
+    Steps: expand the prefix to MHA form, attend to it without a mask, attend causally among the new
+    tokens, merge both through their LSEs (partials in fp32).
+    num_prefix_tokens: sum(prefix_lens) as a host int, like max_seqlen (trusted unless validating); given,
+    the call never synchronises with the device and can be captured in a CUDA graph; omitted, it is read
+    from prefix_lens (one host synchronisation).
+    validate: as in mla_prefill, and prefix_lens within the block table, its pages within the cache, their
+    sum equal to num_prefix_tokens.
+    """
+    num_tokens = _check_mha_inputs(m, q, k_nope, k_pe, v)
+    device = q.device
+    _check_flag(return_lse, "return_lse")
+    _check_cu_seqlens(cu_seqlens, "cu_seqlens", device)
+    batch = cu_seqlens.shape[0] - 1
+    _check_max_seqlen(max_seqlen, num_tokens)
+    if config is not None:
+        config = check_prefill_config(config)
+    m._check_paged_cache(kv_cache, device)
+    kv_scale = m._kv_scale(kv_scale, device, validate)
+    _check_per_sequence(block_table, "block_table", batch, device, ndim=2)
+    _check_per_sequence(prefix_lens, "prefix_lens", batch, device, ndim=1)
+    for name, tensor, head_dim in (("w_uk", w_uk, m.QK_NOPE_HEAD_DIM), ("w_uv", w_uv, m.V_HEAD_DIM)):
+        _check_tensor(tensor, name, ndim=3, dtype=m.DTYPE, device=device, last_dim=m.KV_LORA_RANK)
+        _check(
+            tuple(tensor.shape) == (m.NUM_HEADS, head_dim, m.KV_LORA_RANK),
+            name,
+            f"expected shape {[m.NUM_HEADS, head_dim, m.KV_LORA_RANK]}, got {tuple(tensor.shape)}",
+        )
+    if num_prefix_tokens is not None:
+        _check_host_int(num_prefix_tokens, "num_prefix_tokens")
+    if _validating(validate, device):
+        _validate_cu_seqlens(cu_seqlens, num_tokens, max_seqlen)
+        _validate_pages(block_table, prefix_lens, "prefix_lens", kv_cache.shape[0], m.PAGE_SIZE)
+        total = int(prefix_lens.sum())
+        _check(
+            num_prefix_tokens in (None, total),
+            "num_prefix_tokens",
+            f"{num_prefix_tokens} is not the sum of prefix_lens ({total})",
+        )
+    if num_prefix_tokens is None:
+        prefix = prefix_lens.tolist()  # host sync: the expanded prefix is sized by its total length
+        _check(min(prefix) >= 0, "prefix_lens", f"must be >= 0, got {prefix}")
+        num_prefix_tokens = sum(prefix)
+    out, lse = _prefill_outputs(m, num_tokens, device, out, lse, return_lse)
+    _check_no_overlap(
+        (("out", out), ("lse", lse)),
+        (
+            ("q", q),
+            ("k_nope", k_nope),
+            ("k_pe", k_pe),
+            ("v", v),
+            ("cu_seqlens", cu_seqlens),
+            ("kv_cache", kv_cache),
+            ("block_table", block_table),
+            ("prefix_lens", prefix_lens),
+            ("w_uk", w_uk),
+            ("w_uv", w_uv),
+        ),
+    )
+    scale = m._softmax_scale(softmax_scale)
+
+    cu_prefix = torch.zeros(batch + 1, dtype=torch.int32, device=device)
+    cu_prefix[1:] = torch.cumsum(prefix_lens, 0, dtype=torch.int32)
+    pre_k_nope, pre_k_pe, pre_v = expand_latent_prefix(
+        m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale
+    )
+
+    o_prefix = torch.empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=torch.float32, device=device)
+    lse_prefix = torch.empty((m.NUM_HEADS, num_tokens), dtype=torch.float32, device=device)
+    o_new = torch.empty_like(o_prefix)
+    lse_new = torch.empty_like(lse_prefix)
+    if _POISON_WORKSPACE:
+        for workspace in (o_prefix, lse_prefix, o_new, lse_new):
+            workspace.fill_(float("nan"))
+    launch_prefill(
+        m,
+        q,
+        pre_k_nope,
+        pre_k_pe,
+        pre_v,
+        cu_seqlens,
+        cu_prefix,
+        max_seqlen,
+        o_prefix,
+        lse_prefix,
+        scale,
+        False,
+        config if config is not None else prefill_config(m, device, "prefix"),
+    )
+    launch_prefill(
+        m,
+        q,
+        k_nope,
+        k_pe,
+        v,
+        cu_seqlens,
+        cu_seqlens,
+        max_seqlen,
+        o_new,
+        lse_new,
+        scale,
+        True,
+        config if config is not None else prefill_config(m, device, "causal"),
+    )
+    return merge_attn_states(m, o_prefix, lse_prefix, o_new, lse_new, out=out, out_lse=lse, return_lse=return_lse)
+
+
+# ---- cache write --------------------------------------------------------------------------------------
+
+
+def mla_cache_write(m, c_kv, k_pe, kv_cache, slot_mapping, *, kv_scale=None, validate=None):
+    """Write new tokens' latent rows into the paged cache (in place): like vLLM's concat_and_cache_mla.
+
+    c_kv [T, Dc], k_pe [T, Dr], kv_cache [num_pages, page_size, 1, Dc+Dr], slot_mapping [T] int32/int64:
+    token t goes to page slot_mapping[t] // page_size, row slot_mapping[t] % page_size (pages in any
+    order); a negative slot skips the token (padding). Slots must be distinct. Returns kv_cache.
+    kv_scale: for a float8_e4m3fn cache (CACHE_SCALED) the layer's scale, a number or a float32 tensor of one
+    element: rows are stored as fp8(row / kv_scale), rounded to nearest even and saturated at +-448 (finite
+    rows never give NaN), bit for bit torch's `(row.float() / kv_scale).clamp(-448, 448).to(float8_e4m3fn)`.
+    None (and only None) for a 16-bit cache.
+    validate: check every slot is -1 or a row of the cache, and no row is written twice (default: on for
+    CPU tensors or with MLAGEN_VALIDATE=1; on the GPU it costs a synchronisation).
+    """
+    _check_tensor(c_kv, "c_kv", ndim=2, dtype=m.DTYPE, last_dim=m.KV_LORA_RANK)
+    device = c_kv.device
+    _check_device(device, "c_kv")
+    num_tokens = c_kv.shape[0]
+    _check_tensor(k_pe, "k_pe", ndim=2, dtype=m.DTYPE, device=device, last_dim=m.QK_ROPE_HEAD_DIM)
+    _check(k_pe.shape[0] == num_tokens, "k_pe", f"expected {num_tokens} tokens, got shape {tuple(k_pe.shape)}")
+    m._check_paged_cache(kv_cache, device)
+    kv_scale = m._kv_scale(kv_scale, device, validate)
+    _check(
+        isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype in (torch.int32, torch.int64),
+        "slot_mapping",
+        "expected an int32 or int64 torch.Tensor",
+    )
+    _check_tensor(slot_mapping, "slot_mapping", ndim=1, dtype=slot_mapping.dtype, device=device)
+    _check(
+        slot_mapping.shape[0] == num_tokens,
+        "slot_mapping",
+        f"expected {num_tokens} slots, got shape {tuple(slot_mapping.shape)}",
+    )
+    if num_tokens > 0 and _validating(validate, device):
+        rows = kv_cache.shape[0] * m.PAGE_SIZE
+        _validate_range(slot_mapping, "slot_mapping", -1, rows - 1, "a slot (-1: skip the token)")
+        written = slot_mapping[slot_mapping >= 0]
+        distinct, counts = torch.unique(written, return_counts=True)
+        twice = distinct[counts > 1]
+        if twice.numel():
+            raise ValueError(f"slot_mapping: slot {int(twice[0])} is written by more than one token")
+        _check_no_overlap(
+            (("kv_cache", kv_cache),),
+            (("c_kv", c_kv), ("k_pe", k_pe), ("slot_mapping", slot_mapping), ("kv_scale", kv_scale)),
+        )
+    if num_tokens > 0:
+        _launch(
+            m._mla_cache_write_kernel,
+            (cdiv(num_tokens, m.CACHE_WRITE_BLOCK_T),),
+            kv_cache,
+            c_kv,
+            k_pe,
+            slot_mapping,
+            kv_scale,
+            num_tokens,
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            c_kv.stride(0),
+            k_pe.stride(0),
+            DC=m.KV_LORA_RANK,
+            DR=m.QK_ROPE_HEAD_DIM,
+            DC_PAD=m.CACHE_WRITE_DC_PAD,
+            DR_PAD=m.CACHE_WRITE_DR_PAD,
+            PAGE_SIZE=m.PAGE_SIZE,
+            BLOCK_T=m.CACHE_WRITE_BLOCK_T,
+            num_warps=4,
+        )
+    return kv_cache
