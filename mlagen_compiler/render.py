@@ -43,10 +43,11 @@ def _environment() -> jinja2.Environment:
 def generator_sources() -> list[Path]:
     """The files that decide a generated module's content besides the spec and tuning: every template, and the
     pipeline stages that fill them (spec validation, the plan's constants, rendering, the launch policy that
-    checks tuned configurations), so that a change to any of them makes a new cache entry even within one mlagen
-    version. (The runtime a module imports, runtime.py and launch_policy.py, is not rendered into it.)"""
+    checks tuned configurations); and the runtime the module imports (runtime.py, launch_policy.py), whose names,
+    private ones included, are its interface. A change to any of them makes a new cache entry even within one
+    mlagen version (an editable install), so that a cached module never meets a runtime it was not built for."""
     package = Path(__file__).resolve().parent
-    stages = [package / name for name in ("spec.py", "plan.py", "render.py")]
+    stages = [package / name for name in ("spec.py", "plan.py", "render.py", "runtime.py")]
     return [*sorted(template_dir().glob("*.jinja")), *stages, Path(launch_policy.__file__)]
 
 

@@ -35,7 +35,7 @@ def test_a_change_to_the_plan_or_a_template_changes_the_digest(tmp_path, monkeyp
     """The plan's constants decide generated code as much as the templates do: a cached module built before a
     plan change must not be served after it (one mlagen version, an editable install)."""
     names = {path.name for path in render.generator_sources()}
-    assert {"plan.py", "spec.py", "render.py", "launch_policy.py", "decode_gluon.py.jinja"} <= names
+    assert {"plan.py", "spec.py", "render.py", "launch_policy.py", "runtime.py", "decode_gluon.py.jinja"} <= names
     copies = []
     for path in render.generator_sources():
         copy = tmp_path / path.name
