@@ -22,7 +22,6 @@ one line per result to a results log (harness.py: GPU, date, commit, case, figur
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import functools
 import json
@@ -42,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
+from mlagen_compiler.options import use_options  # noqa: E402
 from mlagen_compiler.reference import FP8_E4M3_MAX, decode_paged_batched, quantize_latent  # noqa: E402
 from mlagen_compiler.registry import resolve_spec  # noqa: E402
 from mlagen_compiler.tuning import tuned_for_spec  # noqa: E402
@@ -313,8 +313,8 @@ def run_case(
         stream_us = time_stream(call) * 1e3
         msg = msg or checked_call(module, graph.replay, inputs, max_len, out, lse, replayed=True)
     host_us = host_us_per_call(call)
-    # a bare call plans its schedule and allocates its outputs (same backend and merge, from the environment)
-    with _environment(MLAGEN_DECODE_BACKEND=schedule.backend, MLAGEN_DECODE_MERGE=merge):
+    # a bare call plans its schedule and allocates its outputs (same backend and merge, from the options)
+    with use_options(decode_backend=schedule.backend, decode_merge=merge):
         bare_host_us = host_us_per_call(lambda: module.mla_decode(q, kv, table, lens, **scaled))
     eager = lambda: decode_paged_batched(
         q, kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len, kv_scale=kv_scale
@@ -367,20 +367,6 @@ def run_case(
         passed=not msg,
         extra={"detail": msg} if msg else {},
     )
-
-
-@contextlib.contextmanager
-def _environment(**values):
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 def _time_schedule(module, inputs, sched, max_len, graph=False):

@@ -45,10 +45,14 @@ def compile_configs(
 ) -> list[str]:
     """One report line per (block_m, (block_n, num_warps, num_stages)) of the module's split kernel, with the
     fused merge compiled in (merge="fused") or not ("kernel": the combine launch, the portable default)."""
+    from dataclasses import replace
+
     from triton.runtime.driver import driver
 
+    from mlagen_compiler.options import options, set_options
+
     os.environ.pop("TRITON_INTERPRET", None)
-    os.environ["MLAGEN_DIRECT_LAUNCH"] = "0"  # every launch through kernel[grid], which compiles only here
+    set_options(replace(options(), direct_launch=False))  # every launch through kernel[grid], which compiles only here
     driver.set_active(_OfflineHopperDriver())
     spec = importlib.util.spec_from_file_location("offline_decode_module", module_path)
     module = importlib.util.module_from_spec(spec)

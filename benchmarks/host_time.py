@@ -1,14 +1,15 @@
 """Host time per decode call of several module files side by side (GPU machine), with a correctness check.
 
-Each `--module LABEL=PATH[:VAR=VALUE,...]` is imported fresh with those environment variables set (the
-modules read MLAGEN_* at import), e.g. the committed module of an earlier commit as `before`, this tree's as
-`after`, and `after` with MLAGEN_RAW_LAUNCH=0. Per case (backend, batch; B sequences of --seqlen tokens, pages
-shuffled), every module's calls are timed interleaved, sample by sample: back-to-back calls issued with
-`schedule=`, `out=`, `lse=` passed, and bare (none of them); a sample is --calls calls, synchronised before
-and after, so the time is the host's as long as the launch queue does not fill. Then the results:
-every module's output and LSE must equal the first module's bit for bit, with its schedule and bare, on the
-timing inputs and on fresh ones (another query at another address, another layer's cache on the same
-schedule), and B <= 8 cases are also compared with the float64 reference.
+Each `--module LABEL=PATH[:VAR=VALUE,...]` is imported fresh with those environment variables set (modules of
+earlier commits read MLAGEN_* at import), and this tree's modules run under the options they ask for
+(mlagen_compiler.options, put in force before each module's calls), e.g. the committed module of an earlier
+commit as `before`, this tree's as `after`, and `after` with MLAGEN_RAW_LAUNCH=0. Per case (backend, batch; B
+sequences of --seqlen tokens, pages shuffled), every module's calls are timed interleaved, sample by sample:
+back-to-back calls issued with `schedule=`, `out=`, `lse=` passed, and bare (none of them); a sample is
+--calls calls, synchronised before and after, so the time is the host's as long as the launch queue does not
+fill. Then the results: every module's output and LSE must equal the first module's bit for bit, with its
+schedule and bare, on the timing inputs and on fresh ones (another query at another address, another layer's
+cache on the same schedule), and B <= 8 cases are also compared with the float64 reference.
 
     python benchmarks/host_time.py --module before=old.py --module after=generated/deepseek_v3_tp8.py \
         [--batch 1 128] [--backend triton gluon] [--calls 200] [--samples 9] [--profile after] [--parts after]
@@ -27,6 +28,7 @@ import pstats
 import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -35,6 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlagen_compiler import runtime  # noqa: E402
+from mlagen_compiler.options import Options, reload_options, set_options  # noqa: E402
 from mlagen_compiler.verify import compare_with_lse, decode_reference  # noqa: E402
 
 
@@ -162,10 +165,11 @@ def main() -> None:
     parser.add_argument("--profile", action="append", default=[])
     parser.add_argument("--parts", action="append", default=[])
     args = parser.parse_args()
-    modules = {}
+    modules, chosen = {}, {}
     for text in args.module:
         label, path, env = parse_module(text)
         modules[label] = load(label, path, env)
+        chosen[label] = Options.from_env({**os.environ, **env})
     first = next(iter(modules.values()))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, modules: {', '.join(args.module)}", flush=True)
     rows, failures = [], 0
@@ -175,7 +179,7 @@ def main() -> None:
             q2, kv2, _, _ = make_inputs(first, batch, args.seqlen, 1)
             state = {}
             for label, module in modules.items():
-                os.environ["MLAGEN_DECODE_BACKEND"] = backend  # what bare calls plan with (read per call)
+                set_options(replace(chosen[label], decode_backend=backend))  # (what bare calls plan with)
                 schedule = module.get_decode_schedule(batch, 1, q.device, backend=backend)
                 out, lse = module.mla_decode(q, kv, table, lens, schedule=schedule, return_lse=True)
                 module.mla_decode(q, kv, table, lens)  # the bare call's schedule and launches
@@ -193,11 +197,13 @@ def main() -> None:
             times = {label: ([], []) for label in modules}
             for _ in range(args.samples):  # interleaved: drift hits every module alike
                 for label, (_, _, _, _, with_schedule, bare) in state.items():
+                    set_options(replace(chosen[label], decode_backend=backend))
                     times[label][0].append(time_sample(with_schedule, args.calls))
                     times[label][1].append(time_sample(bare, args.calls))
             # results: bit for bit against the first module, given and bare, timing inputs and fresh ones
             results = {}
             for label, (module, schedule, _, _, _, _) in state.items():
+                set_options(replace(chosen[label], decode_backend=backend))
                 got = []
                 for qq, cache in ((q, kv), (q2, kv), (q, kv2), (q2, kv2)):
                     got.append(module.mla_decode(qq, cache, table, lens, schedule=schedule, return_lse=True))
@@ -246,10 +252,12 @@ def main() -> None:
                 )
             for label in args.parts:
                 module, schedule, out, lse, _, _ = state[label]
+                set_options(replace(chosen[label], decode_backend=backend))
                 print(f"  parts of {label} ({backend} B{batch}):", flush=True)
                 parts(module, q, kv, table, lens, schedule, out, lse, args.calls)
             for label in args.profile:
                 with_schedule = state[label][4]
+                set_options(replace(chosen[label], decode_backend=backend))
                 profiler = cProfile.Profile()
                 profiler.enable()
                 for _ in range(args.calls):
@@ -258,7 +266,7 @@ def main() -> None:
                 torch.cuda.synchronize()
                 print(f"  cProfile of {label} ({backend} B{batch}, schedule=, {args.calls} calls):")
                 pstats.Stats(profiler).sort_stats("tottime").print_stats(16)
-    os.environ.pop("MLAGEN_DECODE_BACKEND", None)
+    reload_options()
     print("\n| case | module | host us/call, schedule= (median, min) | bare (median, min) | results |")
     print("| --- | --- | --- | --- | --- |")
     for case, label, given, given_min, bare, bare_min, same in rows:

@@ -11,7 +11,6 @@ SANITIZE_PER_CASE=1: a slow tool then times out one case, not the rest).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from mlagen_compiler import load, spec_from_dict  # noqa: E402
+from mlagen_compiler.options import use_options  # noqa: E402
 from mlagen_compiler.verify import (  # noqa: E402
     CacheWriteCase,
     DecodeCase,
@@ -109,12 +109,8 @@ def main() -> int:
         module = modules[fields["name"]]
         label = ""
         if kernel == "decode":
-            for name, value in (("MLAGEN_DECODE_BACKEND", backend), ("MLAGEN_DECODE_MERGE", merge)):
-                if value is None:
-                    os.environ.pop(name, None)
-                else:
-                    os.environ[name] = value
-            results = [run_decode_case(module, DECODE[i], torch.Generator().manual_seed(i), device)]
+            with use_options(decode_backend=backend or "auto", decode_merge=merge or "auto"):  # (None: the default)
+                results = [run_decode_case(module, DECODE[i], torch.Generator().manual_seed(i), device)]
             label = f"/{merge}" if merge else ""
         elif kernel == "prefill":
             results = run_prefill_case(module, PREFILL[i], torch.Generator().manual_seed(100 + i), device)

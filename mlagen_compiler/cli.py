@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -123,9 +122,12 @@ def verify_command(
 
     On the GPU if there is one, else in Triton's interpreter. Exit code 1 if any case fails.
     """
+    from dataclasses import replace
+
+    from .options import options, set_options
     from .verify import use_interpreter_if_no_gpu, verify_module
 
-    os.environ["MLAGEN_VALIDATE"] = "1"  # index values checked on the GPU too (read when mlagen's runtime is imported)
+    set_options(replace(options(), validate=True))  # index values checked on the GPU too
 
     chosen = _specs(specs or [], all_bundled, spec_dir)
     on_gpu = use_interpreter_if_no_gpu()

@@ -1,9 +1,11 @@
 """Every `MLAGEN_*` environment variable in one table: its value, what it takes and whether it is valid.
 
-Two kinds: the generated modules' switches (`launch_policy.ENV_KNOBS`, checked there by `env_knob`, which
-mlagen_compiler.runtime and the modules run at import and call time) and the compiler's paths (cache
-directory, spec directories, user tuning database), checked here with the same rules their readers apply.
-`mlagen env` prints `knob_states()`; a variable named `MLAGEN_*` that nothing reads (a typo) is listed as such.
+Two kinds: the generated modules' switches (the fields of `options.Options`, each naming its variable in
+`options.KNOBS`, read by `Options.from_env` alone and checked there by `env_knob`) and the compiler's paths
+(cache directory, spec directories, user tuning database), checked here with the same rules their readers
+apply; then the integrations' and the tests' variables. `mlagen env` prints `knob_states()`; a variable named
+`MLAGEN_*` that nothing reads (a typo) is listed as such. `readme_table()` is the README's table of them all
+(tests/test_bad_input.py checks that the README shows it).
 """
 
 from __future__ import annotations
@@ -14,12 +16,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .launch_policy import ENV_KNOBS, env_knob
+from .options import KNOBS, env_knob
 from .paths import CACHE_DIR_ENV
 from .registry import SPEC_PATH_ENV
 from .tuning import TUNING_DB_ENV, read_db
 
-__all__ = ["KnobState", "knob_states"]
+__all__ = ["KnobState", "knob_states", "readme_table"]
 
 #: read by the test suite (tests/conftest.py, tests/test_bad_values_isolated.py) and the benchmark jobs only
 TEST_KNOBS = {
@@ -96,13 +98,13 @@ def knob_states(environ: Mapping[str, str] | None = None) -> list[KnobState]:
     """The state of every known MLAGEN_* variable, then of every unknown one that is set."""
     environ = os.environ if environ is None else environ
     states = []
-    for name, (allowed, default, meaning) in ENV_KNOBS.items():
+    for name, (_, knob) in KNOBS.items():
         value = environ.get(name)
         try:
             effective, problem = env_knob(name, value), ""
         except ValueError as error:
-            effective, problem = default, str(error)
-        states.append(KnobState(name, value, effective, problem, f"{meaning} ({', '.join(allowed)})"))
+            effective, problem = knob.default, str(error)
+        states.append(KnobState(name, value, effective, problem, f"{knob.meaning} ({', '.join(knob.allowed)})"))
     for name, (check, default, meaning) in _PATH_KNOBS.items():
         value = environ.get(name)
         problem = check(value) if value else ""
@@ -114,9 +116,28 @@ def knob_states(environ: Mapping[str, str] | None = None) -> list[KnobState]:
     for name, meaning in TEST_KNOBS.items():
         value = environ.get(name)
         states.append(KnobState(name, value, value or "(default)", "", meaning))
-    known = [*ENV_KNOBS, *_PATH_KNOBS, *INTEGRATION_KNOBS, *TEST_KNOBS]
+    known = [*KNOBS, *_PATH_KNOBS, *INTEGRATION_KNOBS, *TEST_KNOBS]
     for name in sorted(n for n in environ if n.startswith("MLAGEN_") and n not in known):
         close = difflib.get_close_matches(name, known, n=1, cutoff=0.7)
         hint = f"; did you mean {close[0]}?" if close else ""
         states.append(KnobState(name, environ[name], "(ignored)", f"{name}: not a variable mlagen reads{hint}", ""))
     return states
+
+
+def readme_table() -> str:
+    """The README's table of every variable (Markdown): the switches (options.KNOBS), the paths, the
+    integrations' and the tests' variables, in the order `mlagen env` lists them."""
+
+    def values(allowed):
+        return " / ".join(f"`{value}`" for value in allowed)
+
+    rows = ["| variable | values | default | what it does |", "| --- | --- | --- | --- |"]
+    for name, (_, knob) in KNOBS.items():
+        rows.append(f"| `{name}` | {values(knob.allowed)} | `{knob.default}` | {knob.meaning} |")
+    for name, (_, default, meaning) in _PATH_KNOBS.items():
+        rows.append(f"| `{name}` | a path | {default} | {meaning} |")
+    for name, (allowed, meaning) in INTEGRATION_KNOBS.items():
+        rows.append(f"| `{name}` | {values(allowed)} | `{allowed[0]}` | {meaning} |")
+    for name, meaning in TEST_KNOBS.items():
+        rows.append(f"| `{name}` | | | {meaning} |")
+    return "\n".join(rows) + "\n"

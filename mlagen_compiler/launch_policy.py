@@ -7,6 +7,11 @@ wrappers only gather facts (shapes, strides, SM count, capability), call these f
 (autotune spaces, defaults, tuned configurations) come from the plan and are passed in as arguments.
 """
 
+# the environment variables a generated module reads, and their check, live in mlagen_compiler.options (the one
+# reader of them, `Options.from_env`); re-exported here for callers that knew them here
+from .options import ENV_KNOBS as ENV_KNOBS
+from .options import env_knob as env_knob
+
 #: decode backends a module may run, in order of preference
 DECODE_BACKENDS = ("gluon", "triton")
 #: the most split-KV runs one launch takes: the CUDA grid's second dimension
@@ -14,35 +19,6 @@ MAX_NUM_PARTS = 65535
 #: how sequences split over several runs are merged: by the runs themselves in the one launch, or by a
 #: second (combine) launch
 DECODE_MERGES = ("fused", "kernel")
-
-
-#: the environment variables a generated module reads, each: name -> (allowed values, the value when unset
-#: or empty, what it does). env_knob checks a value against this table; `mlagen env` lists each.
-ENV_KNOBS = {
-    "MLAGEN_DECODE_BACKEND": (("auto", "gluon", "triton"), "auto", "decode backend (auto: Gluon where it runs)"),
-    "MLAGEN_DECODE_MERGE": (("auto", "fused", "kernel"), "auto", "how decode merges split sequences"),
-    "MLAGEN_DECODE_PDL": (("0", "1"), "1", "combine launch as a programmatic dependent launch"),
-    "MLAGEN_DECODE_TMA": (("0", "1"), "1", "decode cache tiles through TMA"),
-    "MLAGEN_PREFILL_TMA": (("0", "1"), "1", "prefill key/value tiles through TMA"),
-    "MLAGEN_DIRECT_LAUNCH": (("0", "1"), "1", "launch compiled kernels without Triton's dispatch"),
-    "MLAGEN_RAW_LAUNCH": (("0", "1"), "1", "launch through the compiled C launcher"),
-    "MLAGEN_VALIDATE": (("0", "1"), "0", "check index values on the GPU too (a synchronisation)"),
-    "MLAGEN_POISON_WORKSPACE": (("0", "1"), "0", "fill workspaces with NaN (tests)"),
-}
-
-
-def _choices(allowed):
-    return ", ".join(allowed[:-1]) + " or " + allowed[-1]
-
-
-def env_knob(name, value):
-    """The value of environment variable `name` of ENV_KNOBS given its text (None or blank: unset, then its
-    default); anything else than its allowed values is a ValueError naming the variable and the value."""
-    allowed, default, _ = ENV_KNOBS[name]
-    value = default if value is None or not value.strip() else value.strip()
-    if value not in allowed:
-        raise _policy_error(name, f"expected {_choices(allowed)}, got {value!r}")
-    return value
 
 
 def _policy_error(name, message):

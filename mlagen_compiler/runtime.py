@@ -12,8 +12,9 @@ them: `bind`), and read its constants through it (m.NUM_HEADS, m.PAGE_SIZE, its 
 every spec, and a value the module holds (or a test patches into it) is the one they see. What a decode call
 does once its launches are prepared stays in the module: it is the per-call hot path.
 
-Only torch, triton and the standard library (and launch_policy). The on/off environment variables
-(launch_policy.ENV_KNOBS) are read once, when this module is first imported. Ordinary package source, tested
+Only torch, triton and the standard library (and launch_policy, options). The switches (`MLAGEN_*`) are
+`options.options()`: the environment is read when this module is first imported (a wrong value fails the
+import), and a wrapper reads the options in force when it plans or prepares a launch. Ordinary package source, tested
 as Python (tests/test_prepared_launch.py, tests/test_runtime.py, and every test through the generated modules).
 """
 
@@ -45,7 +46,6 @@ from .launch_policy import (
     decode_row_block,
     decode_sequence_runs,
     decode_tile_loads,
-    env_knob,
     fp8_dots_in_float16,
     gluon_blocks,
     gluon_narrow_rows,
@@ -54,6 +54,7 @@ from .launch_policy import (
     select_decode_backend,
     tuned_config,
 )
+from .options import options as _options
 
 #: the installed Triton release as (major, minor); (0, 0) where its version string is not a release
 _release = re.match(r"(\d+)\.(\d+)", triton.__version__)
@@ -69,18 +70,12 @@ LOG2E = 1.4426950408889634
 _INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def _env_switch(name):
-    """An on/off environment variable (ENV_KNOBS: "1" or "0", unset: its default); anything else is an error
-    naming it, rather than silently one of the two."""
-    return env_knob(name, os.environ.get(name)) == "1"
-
-
-# Tests set this so that a kernel reading a workspace element nobody wrote yields NaN, not stale memory.
-_POISON_WORKSPACE = _env_switch("MLAGEN_POISON_WORKSPACE")
-# Check every index value against what it indexes (see _validating); the tests and `mlagen verify` set it.
-_VALIDATE_ALWAYS = _env_switch("MLAGEN_VALIDATE")
-# Launch compiled kernels directly once Triton has dispatched an argument key (see _launch); 0 turns it off.
-_DIRECT_LAUNCH = _env_switch("MLAGEN_DIRECT_LAUNCH")
+# The switches, read from the environment now: a wrong value is an error at import. Among them:
+# poison_workspace (tests: a kernel reading a workspace element nobody wrote yields NaN, not stale memory),
+# validate (check every index value against what it indexes, see _validating; the tests and `mlagen verify`
+# set it), direct_launch (launch compiled kernels directly once Triton has dispatched an argument key, see
+# _launch), raw_launch (see _raw_launch).
+_options()
 
 
 # ---- the device ---------------------------------------------------------------------------------------
@@ -290,7 +285,7 @@ def _launch(kernel, grid, *args, num_warps, num_stages=None, **constexprs):
     repeated with tensors of one layout (decode) skip even this through a _PreparedLaunch.
     """
     options = _launch_options(num_warps, num_stages)
-    if _INTERPRET or not _DIRECT_LAUNCH:
+    if _INTERPRET or not _options().direct_launch:
         _dispatch(kernel, grid, args, {**options, **constexprs})
         return
     values = _ordered_values(kernel, args, constexprs)
@@ -381,7 +376,7 @@ class _PreparedLaunch:
         self.grid = _grid3(grid)
         self.options = _launch_options(num_warps, num_stages, launch_pdl)
         values = list(_ordered_values(kernel, args, constexprs))
-        self.tensor_slots, self.descriptor_slots, self.reusable = [], [], _DIRECT_LAUNCH
+        self.tensor_slots, self.descriptor_slots, self.reusable = [], [], _options().direct_launch
         for position, value in enumerate(values if self.reusable else ()):
             if isinstance(value, torch.Tensor):
                 index = next((i for i, tensor in enumerate(inputs) if tensor is value), None)
@@ -433,7 +428,7 @@ class _PreparedLaunch:
                 [None if tensor is None else tensor.data_ptr() for tensor in inputs], raw.get_stream(raw.device)
             )
             return
-        if _INTERPRET or not _DIRECT_LAUNCH:
+        if _INTERPRET or not _options().direct_launch:
             _dispatch(self.kernel, self.grid, self.arguments(inputs), self.options)
             return
         device = triton.runtime.driver.active.get_current_device()
@@ -444,7 +439,7 @@ class _PreparedLaunch:
         values = self.arguments(inputs)
         self.compiled = _dispatch(self.kernel, self.grid, values, self.options)
         self.device_index = device
-        self.raw = _RawLaunch.prepare(self, values, inputs, device) if _RAW_LAUNCH and self.reusable else None
+        self.raw = _RawLaunch.prepare(self, values, inputs, device) if _raw_launch() and self.reusable else None
 
 
 def _launch_hooks():
@@ -484,8 +479,15 @@ def _launch_prepared(launches, inputs, addresses):
 #: function taking annotated arguments): it, and every release not listed, takes _launch_compiled.
 #: MLAGEN_RAW_LAUNCH=0 turns it off.
 _RAW_LAUNCH_RELEASES = ((3, 6),)
-# (the switch is read first, so a wrong value is an error under every Triton release)
-_RAW_LAUNCH = _env_switch("MLAGEN_RAW_LAUNCH") and _DIRECT_LAUNCH and TRITON_VERSION in _RAW_LAUNCH_RELEASES
+
+
+def _raw_launch():
+    """Whether launches prepared now go through the raw launch (the raw_launch and direct_launch options on,
+    a Triton release it was written for)."""
+    chosen = _options()
+    return chosen.raw_launch and chosen.direct_launch and TRITON_VERSION in _RAW_LAUNCH_RELEASES
+
+
 _RAW_BASE_ARGUMENTS = (
     13  # grid x/y/z, stream, function, cooperative, pdl, 2 scratch, metadata, launch metadata, 2 hooks
 )
@@ -659,7 +661,7 @@ def _validating(validate, device):
         if validate is True or validate is False:
             return validate
         raise ValueError(f"validate: expected None, True or False, got {validate!r}")
-    return _VALIDATE_ALWAYS or device.type != "cuda"
+    return _options().validate or device.type != "cuda"
 
 
 def _first(bad):
@@ -751,8 +753,8 @@ _PARTIAL_EVICTION = {True: ("evict_last", "evict_first"), False: ("", "")}
 
 def decode_backend(m, device=None, requested=None, *, knobs_given=False, total_rows=None):
     """(backend, reason) for decode launches on `device` (default: the current CUDA device, else CPU);
-    requested defaults to $MLAGEN_DECODE_BACKEND, else "auto". The decision is select_decode_backend's
-    (launch policy); this gathers the facts it decides on."""
+    requested defaults to the decode_backend option ($MLAGEN_DECODE_BACKEND, else "auto"). The decision is
+    select_decode_backend's (launch policy); this gathers the facts it decides on."""
     device = (
         torch.device(device)
         if device is not None
@@ -760,7 +762,7 @@ def decode_backend(m, device=None, requested=None, *, knobs_given=False, total_r
     )
     name = "backend" if requested is not None else "MLAGEN_DECODE_BACKEND"
     if requested is None:
-        requested = env_knob(name, os.environ.get(name))
+        requested = _options().decode_backend
     capability = m._gpu_capability(device) if requested != "triton" and not m._GLUON_IMPORT_ERROR else None
     return select_decode_backend(
         requested,
@@ -923,7 +925,7 @@ class DecodeSchedule:
                 torch.zeros((slots, self.row_blocks, m.DECODE_MERGE_LEVELS), dtype=torch.int32, device=device),
             )
             self._workspaces[device] = buffers
-        if _POISON_WORKSPACE:
+        if _options().poison_workspace:
             buffers[0].fill_(float("nan"))
             buffers[1].fill_(float("nan"))
         return buffers
@@ -1069,7 +1071,7 @@ def get_decode_schedule(
         cost_table=cost_table,
     )
     merge = decode_merge(
-        merge if merge is not None else env_knob("MLAGEN_DECODE_MERGE", os.environ.get("MLAGEN_DECODE_MERGE")),
+        merge if merge is not None else _options().decode_merge,
         backend=chosen,
         batch_size=batch_size,
         num_parts=num_parts,
@@ -1077,7 +1079,7 @@ def get_decode_schedule(
         name="merge" if merge is not None else "MLAGEN_DECODE_MERGE",
     )
     pdl = decode_pdl(
-        pdl if pdl is not None else (None if m.DECODE_PDL else False),
+        pdl if pdl is not None else (None if _options().decode_pdl else False),
         merge=merge,
         capability=m._gpu_capability(device),
         interpreting=m._INTERPRET,
@@ -1207,7 +1209,7 @@ def mla_decode_checked(
     launches = prepare_decode(m, inputs, workspace, scale, schedule, causal, empty_lse)
     for launch in launches:
         launch.launch(inputs)
-    if _DIRECT_LAUNCH and all(launch.reusable for launch in launches):
+    if _options().direct_launch and all(launch.reusable for launch in launches):
         if len(schedule._launches) >= 64:  # layouts that never repeat: bounded
             schedule._launches.clear()
         schedule._launches[signature] = launches
@@ -1281,7 +1283,7 @@ def decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse
     batch, seqlen_q = q.shape[0], q.shape[1]
     block_n, num_warps, num_stages = schedule.config
     use_tma, q_tma = decode_tile_loads(
-        enabled=m.DECODE_USE_TMA,
+        enabled=_options().decode_tma,
         page_size=m.PAGE_SIZE,
         block_n=block_n,
         page_stride=kv_cache.stride(0),
@@ -1402,7 +1404,7 @@ def _tma_ok(tensor, head_dim):
 def _key_descriptors(m, k_nope, k_pe, v, block_n):
     """TMA descriptors of k_nope [T, H*Dn], k_pe [T, Dr] and v [T, H*Dv], or Nones where not possible."""
     if not (
-        m.PREFILL_USE_TMA
+        _options().prefill_tma
         and _tma_ok(k_nope, m.QK_NOPE_HEAD_DIM)
         and _tma_ok(k_pe, m.QK_ROPE_HEAD_DIM)
         and _tma_ok(v, m.V_HEAD_DIM)
@@ -1763,7 +1765,7 @@ def mla_chunked_prefill(
     lse_prefix = torch.empty((m.NUM_HEADS, num_tokens), dtype=torch.float32, device=device)
     o_new = torch.empty_like(o_prefix)
     lse_new = torch.empty_like(lse_prefix)
-    if _POISON_WORKSPACE:
+    if _options().poison_workspace:
         for workspace in (o_prefix, lse_prefix, o_new, lse_new):
             workspace.fill_(float("nan"))
     launch_prefill(

@@ -34,12 +34,12 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
-from unittest.mock import patch
 
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
+from .options import reload_options, use_options
 from .reference import FP8_E4M3_MAX, cache_write, chunked_prefill, dequantize_cache, prefill_varlen
 from .verify import (
     compare_with_lse,
@@ -120,8 +120,9 @@ def prepare_environment() -> torch.device:
     (MLAGEN_VALIDATE, on the GPU too). Returns the device the kernels run on."""
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
-    os.environ["MLAGEN_POISON_WORKSPACE"] = "1"
+    os.environ["MLAGEN_POISON_WORKSPACE"] = "1"  # (for child processes too)
     os.environ["MLAGEN_VALIDATE"] = "1"
+    reload_options()
     return default_device()
 
 
@@ -304,7 +305,7 @@ def assert_decode_matches_reference(
             (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), float("nan"), dtype=module.DTYPE, device=device
         )
         lse = torch.full((batch, module.NUM_HEADS, seqlen_q), float("nan"), device=device)
-        with patch.object(module, "DECODE_USE_TMA", problem.tma):
+        with use_options(decode_tma=problem.tma):
             got, got_lse = module.mla_decode(
                 **inputs,
                 softmax_scale=problem.softmax_scale,
@@ -381,7 +382,7 @@ def assert_prefill_matches_reference(
     cu = cu_seqlens(lengths, device)
     q, k_nope, k_pe, v = random_mha(module, sum(lengths), g, device)
     out, lse = _poisoned(module, sum(lengths), device)
-    with patch.object(module, "PREFILL_USE_TMA", problem.tma):
+    with use_options(prefill_tma=problem.tma):
         got, got_lse = module.mla_prefill(
             q, k_nope, k_pe, v, cu, max(lengths), softmax_scale=problem.softmax_scale, return_lse=True, out=out,
             lse=lse, config=_tiles_config(module, problem.tiles, device),
@@ -462,7 +463,7 @@ def assert_chunked_prefill_matches_reference(
     w_uv = (torch.randn(heads, dv, dc, generator=g) / dc**0.5).to(module.DTYPE).to(device)
     out, lse = _poisoned(module, sum(lengths), device)
     total = sum(prefix_lens) if problem.host_prefix_total else None
-    with patch.object(module, "PREFILL_USE_TMA", problem.tma):
+    with use_options(prefill_tma=problem.tma):
         got, got_lse = module.mla_chunked_prefill(
             q, k_nope, k_pe, v, cu, max(lengths), cache, table, plen, w_uk, w_uv, kv_scale=kv_scale,
             softmax_scale=problem.softmax_scale, return_lse=True, out=out, lse=lse,

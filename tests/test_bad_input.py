@@ -394,6 +394,17 @@ def test_every_mlagen_variable_read_is_in_the_one_table():
     assert read and read <= listed, sorted(read - listed)
 
 
+def test_the_readme_table_of_variables_is_the_one_table():
+    """The README's environment-variable table is knobs.readme_table(), made from options.KNOBS and the rest."""
+    from mlagen_compiler.knobs import readme_table
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Environment variables") :]
+    table = section[section.index("| variable |") :]
+    table = table[: table.index("\n\n") + 1]
+    assert table == readme_table()
+
+
 GARBAGE = {
     "MLAGEN_DECODE_BACKEND": ("cuda", "MLAGEN_DECODE_BACKEND: expected auto, gluon or triton, got 'cuda'"),
     "MLAGEN_DECODE_MERGE": ("yes", "MLAGEN_DECODE_MERGE: expected auto, fused or kernel, got 'yes'"),

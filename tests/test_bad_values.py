@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import SMALL_SPEC
 
+from mlagen_compiler.options import Options, use_options
 from mlagen_compiler.reference import prefill_varlen
 from mlagen_compiler.verify import compare_with_lse, paged_block_table
 
@@ -440,12 +441,12 @@ def test_schedule_arguments_name_themselves(module, args, kwargs, message):
         ("MLAGEN_DECODE_MERGE", "both", "MLAGEN_DECODE_MERGE: expected auto, fused or kernel, got 'both'"),
     ],
 )
-def test_schedule_environment_knobs_name_the_variable(module, monkeypatch, name, value, message):
-    monkeypatch.setenv(name, value)
+def test_schedule_environment_knobs_name_the_variable(module, name, value, message):
+    """The variables are read into the options in one place (Options.from_env), which names a wrong value."""
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        Options.from_env({name: value})
+    with use_options(Options.from_env({name: ""})):  # blank: unset
         module.get_decode_schedule(2, 1, DEVICE)
-    monkeypatch.setenv(name, "")  # blank: unset
-    module.get_decode_schedule(2, 1, DEVICE)
 
 
 @pytest.mark.parametrize(

@@ -17,6 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlagen_compiler.compile import module_source
+from mlagen_compiler.options import Options, use_options
 from mlagen_compiler.plan import GLUON_VERIFIED_TRITON, lower, lower_gluon_decode
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import spec_from_dict
@@ -108,22 +109,21 @@ def module(tmp_path_factory):
     return _import_source(module_source(spec), tmp_path_factory.mktemp("select"), "select_me")
 
 
-def test_environment_variable_forces_a_backend(module, monkeypatch):
+def test_environment_variable_forces_a_backend(module):
     import torch
 
     cpu = torch.device("cpu")
-    monkeypatch.setenv("MLAGEN_DECODE_BACKEND", "triton")
-    schedule = module.get_decode_schedule(2, 1, cpu)
+    with use_options(Options.from_env({"MLAGEN_DECODE_BACKEND": "triton"})):
+        schedule = module.get_decode_schedule(2, 1, cpu)
     assert schedule.backend == "triton" and "MLAGEN_DECODE_BACKEND=triton" in schedule.backend_reason
     assert "backend='triton'" in repr(schedule)
-    monkeypatch.setenv("MLAGEN_DECODE_BACKEND", "gluon")
-    with pytest.raises(ValueError, match="MLAGEN_DECODE_BACKEND: 'gluon' cannot run here"):
+    gluon = use_options(Options.from_env({"MLAGEN_DECODE_BACKEND": "gluon"}))
+    with gluon, pytest.raises(ValueError, match="MLAGEN_DECODE_BACKEND: 'gluon' cannot run here"):
         module.get_decode_schedule(2, 1, cpu)
-    monkeypatch.setenv("MLAGEN_DECODE_BACKEND", "fast")
-    with pytest.raises(ValueError, match="MLAGEN_DECODE_BACKEND: expected auto, gluon or triton, got 'fast'"):
-        module.get_decode_schedule(2, 1, cpu)
-    monkeypatch.delenv("MLAGEN_DECODE_BACKEND")
-    assert module.get_decode_schedule(2, 1, cpu).backend == "triton"  # auto, on a CPU
+    with pytest.raises(ValueError, match="^MLAGEN_DECODE_BACKEND: expected auto, gluon or triton, got 'fast'$"):
+        Options.from_env({"MLAGEN_DECODE_BACKEND": "fast"})
+    with use_options(Options.from_env({})):
+        assert module.get_decode_schedule(2, 1, cpu).backend == "triton"  # auto, on a CPU
 
 
 def test_unverified_triton_release_imports_without_gluon_kernels(tmp_path):
@@ -156,17 +156,18 @@ def test_gluon_api_missing_falls_back(monkeypatch, tmp_path):
     assert module._GLUON_IMPORT_ERROR and not hasattr(module, "_mla_decode_gluon_kernel")
 
 
-def test_a_wrong_merge_names_where_it_came_from(module, monkeypatch):
+def test_a_wrong_merge_names_where_it_came_from(module):
     import torch
 
     cpu = torch.device("cpu")
     with pytest.raises(ValueError, match="^merge: expected auto, fused or kernel, got 'both'$"):
         module.get_decode_schedule(2, 1, cpu, merge="both")
-    monkeypatch.setenv("MLAGEN_DECODE_MERGE", "fast")
     with pytest.raises(ValueError, match="^MLAGEN_DECODE_MERGE: expected auto, fused or kernel, got 'fast'$"):
-        module.get_decode_schedule(2, 1, cpu)
-    monkeypatch.setenv("MLAGEN_DECODE_MERGE", "fused")
-    assert module.get_decode_schedule(2, 1, cpu).merge == "fused"
+        Options.from_env({"MLAGEN_DECODE_MERGE": "fast"})
+    with pytest.raises(ValueError, match="^decode_merge: expected auto, fused or kernel, got 'fast'$"):
+        Options(decode_merge="fast")
+    with use_options(Options.from_env({"MLAGEN_DECODE_MERGE": "fused"})):
+        assert module.get_decode_schedule(2, 1, cpu).merge == "fused"
 
 
 @pytest.mark.parametrize("name", ["deepseek-v3-tp8-fp8", "deepseek-v3-tp8"])

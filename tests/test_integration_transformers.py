@@ -26,9 +26,10 @@ from hypothesis import strategies as st  # noqa: E402
 from transformers import DeepseekV2Config, DeepseekV2ForCausalLM, DeepseekV3Config, DeepseekV3ForCausalLM  # noqa: E402
 from transformers.cache_utils import DynamicCache  # noqa: E402
 
-from mlagen_compiler import load_spec, runtime  # noqa: E402
+from mlagen_compiler import load_spec  # noqa: E402
 from mlagen_compiler.integrations import transformers as hf  # noqa: E402
 from mlagen_compiler.integrations.transformers import PagedMLACache, patch_model, spec_from_config  # noqa: E402
+from mlagen_compiler.options import use_options  # noqa: E402
 from mlagen_compiler.plan import softmax_scale_of  # noqa: E402
 from mlagen_compiler.reference import quantize_latent  # noqa: E402
 from mlagen_compiler.spec import SpecError  # noqa: E402
@@ -655,31 +656,30 @@ def test_planned_step_runs_one_step_any_number_of_times(modes):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_a_planned_model_step_captures_in_a_cuda_graph(monkeypatch):
+def test_a_planned_model_step_captures_in_a_cuda_graph():
     """A whole patched decode step (every layer) captured in a CUDA graph inside planned_step and replayed: the
     logits of the same step run eagerly."""
-    monkeypatch.setenv("MLAGEN_VALIDATE", "0")
     model = patched(tiny_v3(seed=20).cuda(), torch.float16)
-    monkeypatch.setattr(runtime, "_VALIDATE_ALWAYS", False)  # validation synchronises: not capturable
-    gen = torch.Generator().manual_seed(21)
-    prompt, token = (torch.randint(1, VOCAB, (2, n), generator=gen).cuda() for n in (5, 1))
-    cache = PagedMLACache(model, max_batch_size=2, max_cache_len=8)
-    with torch.no_grad():
-        model(prompt, past_key_values=cache)
-        with hf.planned_step(model, cache, batch_size=2):
-            eager = model(token, past_key_values=cache).logits.clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                model(token, past_key_values=cache)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static = model(token, past_key_values=cache).logits
-            static.zero_()
-            graph.replay()
-            torch.cuda.synchronize()
-    torch.testing.assert_close(static, eager, rtol=0, atol=0)
+    with use_options(validate=False):  # validation synchronises: not capturable
+        gen = torch.Generator().manual_seed(21)
+        prompt, token = (torch.randint(1, VOCAB, (2, n), generator=gen).cuda() for n in (5, 1))
+        cache = PagedMLACache(model, max_batch_size=2, max_cache_len=8)
+        with torch.no_grad():
+            model(prompt, past_key_values=cache)
+            with hf.planned_step(model, cache, batch_size=2):
+                eager = model(token, past_key_values=cache).logits.clone()
+                side = torch.cuda.Stream()
+                side.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(side):
+                    model(token, past_key_values=cache)
+                torch.cuda.current_stream().wait_stream(side)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    static = model(token, past_key_values=cache).logits
+                static.zero_()
+                graph.replay()
+                torch.cuda.synchronize()
+        torch.testing.assert_close(static, eager, rtol=0, atol=0)
 
 
 @CPU_MODEL

@@ -53,8 +53,8 @@ from vllm.platforms import current_platform  # noqa: E402
 from vllm.platforms.interface import DeviceCapability  # noqa: E402
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata  # noqa: E402
 
-from mlagen_compiler import runtime  # noqa: E402
 from mlagen_compiler.integrations import vllm as backend  # noqa: E402
+from mlagen_compiler.options import use_options  # noqa: E402
 from mlagen_compiler.reference import attention, causal_mask, dequantize_cache, quantize_latent  # noqa: E402
 from mlagen_compiler.verify import LSE_TOLERANCE, compare  # noqa: E402
 
@@ -532,9 +532,8 @@ def test_decode_step_replays_from_cuda_graph(world, model_dir, cache_dtype):
     each replay equals float64 MLA and writes exactly its rows."""
     rig = Rig(model_dir, block_size=64, cache_dtype=cache_dtype, lengths=[70, 40], seed=11)
     rig.step([(0, 0, 60), (1, 0, 30)])
-    validate = runtime._VALIDATE_ALWAYS
-    runtime._VALIDATE_ALWAYS = False  # conftest's MLAGEN_VALIDATE=1 reads index values back: not capturable
-    try:
+    # conftest's MLAGEN_VALIDATE=1 reads index values back: not capturable
+    with use_options(validate=False):
         step = [(0, 60, 1), (1, 30, 1)]
         common, buffers = rig.inputs(step, padding=2, graph_requests=4)
         with set_current_vllm_config(rig.config):
@@ -556,8 +555,6 @@ def test_decode_step_replays_from_cuda_graph(world, model_dir, cache_dtype):
             torch.cuda.synchronize()
             _check(out[:2].cpu(), rig.reference(step, decodes=2), f"replay at {position}")
         rig.check_cache({0: 63, 1: 33})
-    finally:
-        runtime._VALIDATE_ALWAYS = validate
 
 
 def test_decode_schedules_kept(world, model_dir):

@@ -9,7 +9,8 @@ import pytest
 import torch
 from helpers import SMALL_SPEC
 
-from mlagen_compiler import compile_spec, import_module_from_path, runtime, spec_from_dict
+from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict
+from mlagen_compiler.options import use_options
 
 FIELDS = {
     **SMALL_SPEC, "name": "ops", "num_heads": 2, "qk_nope_head_dim": 16, "v_head_dim": 16, "page_size": 4,
@@ -158,14 +159,14 @@ def test_bad_arguments_are_the_wrappers_one_line_errors(module):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
-def test_decode_op_captures_in_a_cuda_graph(module, monkeypatch):
-    monkeypatch.setattr(runtime, "_VALIDATE_ALWAYS", False)  # validation synchronises: not capturable
-    q, kv, table, lengths = inputs(module)["decode"]
-    want, want_lse = module.ops.decode(q, kv, table, lengths)  # compiles the kernels, plans the schedule
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = module.ops.decode(q, kv, table, lengths)
-    out.zero_()
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want) and torch.equal(lse, want_lse)
+def test_decode_op_captures_in_a_cuda_graph(module):
+    with use_options(validate=False):  # validation synchronises: not capturable
+        q, kv, table, lengths = inputs(module)["decode"]
+        want, want_lse = module.ops.decode(q, kv, table, lengths)  # compiles the kernels, plans the schedule
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, lse = module.ops.decode(q, kv, table, lengths)
+        out.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want) and torch.equal(lse, want_lse)

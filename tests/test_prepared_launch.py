@@ -11,6 +11,7 @@ import triton
 from helpers import SMALL_SPEC
 
 from mlagen_compiler import runtime
+from mlagen_compiler.options import use_options
 from mlagen_compiler.verify import compare_with_lse, decode_reference, make_decode_inputs
 
 SPEC = {**SMALL_SPEC, "name": "prepared", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"}
@@ -390,7 +391,11 @@ def test_raw_launch_is_declined_for_a_launcher_of_another_structure():
     assert runtime._cuda_launcher_parts(_FakeCompiled(launcher)) is None
     assert runtime._cuda_launcher_parts(_FakeCompiled(object())) is None  # not a CudaLauncher
     # only the releases whose launcher source was read take it
-    assert (runtime.TRITON_VERSION in runtime._RAW_LAUNCH_RELEASES) == runtime._RAW_LAUNCH
+    assert (runtime.TRITON_VERSION in runtime._RAW_LAUNCH_RELEASES) == runtime._raw_launch()
+    with use_options(raw_launch=False):
+        assert not runtime._raw_launch()
+    with use_options(direct_launch=False):
+        assert not runtime._raw_launch()
     assert runtime._RAW_LAUNCH_RELEASES == ((3, 6),)
 
 
@@ -402,8 +407,8 @@ def test_raw_launch_gives_the_results_of_tritons_launcher(build_module, device, 
     seqlens = (300, 700)
     decode_and_check(module, fresh_inputs(module, device, 0, seqlens), schedule)
     (launches,) = schedule._launches.values()
-    assert all((launch.raw is not None) == runtime._RAW_LAUNCH for launch in launches)
-    if runtime._RAW_LAUNCH and page_size == 64:
+    assert all((launch.raw is not None) == runtime._raw_launch() for launch in launches)
+    if runtime._raw_launch() and page_size == 64:
         assert any(launch.raw.map_slots for launch in launches)
     for seed in (1, 2):  # new tensors at new addresses: tensor maps encoded for them
         inputs = fresh_inputs(module, device, seed, seqlens)
