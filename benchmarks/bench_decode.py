@@ -41,8 +41,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
+from mlagen_compiler.cache_format import module_cache_format  # noqa: E402
 from mlagen_compiler.options import use_options  # noqa: E402
-from mlagen_compiler.reference import FP8_E4M3_MAX, decode_paged_batched, quantize_latent  # noqa: E402
+from mlagen_compiler.reference import decode_paged_batched  # noqa: E402
 from mlagen_compiler.registry import resolve_spec  # noqa: E402
 from mlagen_compiler.tuning import tuned_for_spec  # noqa: E402
 from mlagen_compiler.verify import compare_with_lse, paged_block_table  # noqa: E402
@@ -181,9 +182,10 @@ def make_inputs(module, seqlens: list[int], seqlen_q: int, gen: torch.Generator)
     table, num_pages = paged_block_table(seqlens, PAGE_SIZE, gen)
     kv = torch.randn(num_pages, PAGE_SIZE, 1, width, dtype=torch.bfloat16, device="cuda")
     kv_scale = None
-    if getattr(module, "CACHE_SCALED", False):
-        kv_scale = (kv.abs().amax().float() / FP8_E4M3_MAX).reshape(1)
-        kv = quantize_latent(kv, kv_scale, module.CACHE_DTYPE)
+    fmt = module_cache_format(module)
+    if fmt.scaled:
+        kv_scale = (kv.abs().amax().float() / fmt.max_abs).reshape(1)
+        kv = fmt.quantize(kv, kv_scale)
     q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, dtype=torch.bfloat16, device="cuda")
     return q, kv, table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda"), kv_scale
 

@@ -49,6 +49,7 @@ def compile_configs(
 
     from triton.runtime.driver import driver
 
+    from mlagen_compiler.cache_format import module_cache_format
     from mlagen_compiler.options import options, set_options
 
     os.environ.pop("TRITON_INTERPRET", None)
@@ -64,7 +65,7 @@ def compile_configs(
         configs = [(m, c) for m, space in module.DECODE_SPACE.items() for c in space]
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     cache_dtype = getattr(module, "CACHE_DTYPE", module.DTYPE)
-    scaled = {"kv_scale": 0.5} if getattr(module, "CACHE_SCALED", False) else {}
+    scaled = {"kv_scale": 0.5} if module_cache_format(module).scaled else {}
     lines = []
     for block_m, config in configs:
         seqlen_q, batch = max(1, block_m // module.NUM_HEADS), 4

@@ -75,7 +75,9 @@ def compile_offline(
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     batch, heads = 4, module.NUM_HEADS
     q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
-    scaled = module.CACHE_SCALED
+    from mlagen_compiler.cache_format import module_cache_format  # (importable: the module imports mlagen)
+
+    scaled = module_cache_format(module).scaled
     kv = torch.empty(64, module.PAGE_SIZE, 1, width, dtype=module.CACHE_DTYPE)
     rows = seqlen_q * heads
     # the narrow form's width (0: rows as M; a module generated before the narrow form takes no NARROW)

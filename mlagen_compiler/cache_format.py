@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CACHE_FORMATS", "SCALED_CACHE_DTYPES", "CacheFormat", "cache_format"]
+__all__ = ["CACHE_FORMATS", "SCALED_CACHE_DTYPES", "CacheFormat", "cache_format", "module_cache_format"]
 
 #: granularities of a scale: one float32 per layer (latent = stored * kv_scale). Room for more (e.g. one per
 #: group of values of a row) with their kernels.
@@ -67,6 +67,8 @@ class CacheFormat:
         import torch
 
         if not self.scaled:
+            if kv_scale is not None:
+                raise ValueError(f"kv_scale: a {self.name} cache stores the latent itself and takes no kv_scale")
             return latent.to(self.torch_dtype())
         if kv_scale is None:
             raise ValueError(f"kv_scale: a {self.name} cache stores latent / kv_scale: give the layer's scale")
@@ -115,3 +117,12 @@ def cache_format(name: str) -> CacheFormat:
         return CACHE_FORMATS[name]
     except KeyError:
         raise KeyError(f"cache format {name!r}: expected one of {', '.join(CACHE_FORMATS)}") from None
+
+
+def module_cache_format(module: Any) -> CacheFormat:
+    """A generated module's format: its CACHE_FORMAT, or for a module of an earlier mlagen (which held only
+    CACHE_DTYPE; the benchmarks load such modules side by side) the format of its cache dtype."""
+    held = getattr(module, "CACHE_FORMAT", None)
+    if held is not None:
+        return held
+    return cache_format(str(getattr(module, "CACHE_DTYPE", module.DTYPE)).removeprefix("torch."))

@@ -96,6 +96,10 @@ class Options:
     def __hash__(self):
         return self._hash
 
+    def __reduce__(self):
+        # rebuilt from its fields (the cached hash of strings is not valid in another process)
+        return type(self), tuple(getattr(self, name) for name in _FIELD_KNOBS)
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> Options:
         """The options the variables in `environ` (default: os.environ) ask for; unset or blank: the default."""

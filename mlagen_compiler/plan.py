@@ -10,8 +10,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from .cache_format import CACHE_FORMATS, CacheFormat, cache_format
 from .launch_policy import MAX_NUM_PARTS
-from .spec import SCALED_CACHE_DTYPES, DecodeTiles, MLASpec, PrefillTiles
+from .spec import DecodeTiles, MLASpec, PrefillTiles
 
 __all__ = [
     "ARCH_BUDGETS",
@@ -86,8 +87,8 @@ MERGE_BLOCK_C = 128
 SPLIT_OVERHEAD_FACTOR = 1.0
 
 
-#: bytes per latent-cache element of each cache dtype a spec may name
-CACHE_BYTES = {"bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
+#: bytes per latent-cache element of each cache dtype a spec may name (the cache formats' element_bytes)
+CACHE_BYTES = {name: fmt.element_bytes for name, fmt in CACHE_FORMATS.items()}
 
 
 def next_pow2(value: int) -> int:
@@ -318,7 +319,9 @@ GLUON_DEFAULT_CONSUMER_REGS = 168
 
 
 def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> GluonDecodePlan:
-    """cache_dtype: the spec's cache dtype, None for the spec's dtype (16-bit)."""
+    """cache_dtype: the spec's cache dtype, None for the spec's dtype (16-bit). A scaled (fp8) cache's rows are
+    converted into 16-bit stages by the producer."""
+    convert = cache_dtype is not None and cache_format(cache_dtype).scaled
     block_m = block_n = 64
     dc_half = dc // 2
     reasons = []
@@ -330,7 +333,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
     land_group, land_pieces = _gluon_land_pieces(dc, LAND_GROUP)
     land_full_query_pieces = _gluon_land_pieces(dc, LAND_FULL_QUERY_GROUP)[1]
     # (its mbarriers take shared memory only with an fp8 cache)
-    smem_pieces = land_pieces if cache_dtype in SCALED_CACHE_DTYPES else 0
+    smem_pieces = land_pieces if convert else 0
     fitting = _gluon_fitting_stages(dc, dr, block_m, block_n, smem_pieces)
     if not fitting:
         need = _gluon_smem_bytes(dc, dr, 2, block_m, block_n, smem_pieces)
@@ -352,7 +355,7 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         gather_warps=4,
         gather_regs=88,
         gather_cols=64,
-        convert_cache=cache_dtype in SCALED_CACHE_DTYPES,
+        convert_cache=convert,
         convert_regs=104,
         land_rows=block_m // 2,
         land_regs=80,
@@ -522,9 +525,9 @@ class KernelPlan:
     module_name: str
     num_heads: int
     dtype: str
-    #: the latent cache's dtype (the spec's dtype, or float8_e4m3fn) and whether it stores latent / kv_scale
+    #: the latent cache's dtype (the spec's dtype, or float8_e4m3fn) and its format (storage, scale, quantisation)
     cache_dtype: str
-    cache_scaled: bool
+    cache_format: CacheFormat
     page_size: int
     softmax_scale: float
     #: kind name -> its plan, for every kind the module holds (see KERNEL_KINDS), in table order
@@ -870,7 +873,7 @@ def lower(spec: MLASpec) -> KernelPlan:
         num_heads=spec.num_heads,
         dtype=spec.dtype,
         cache_dtype=spec.cache_dtype,
-        cache_scaled=spec.cache_scaled,
+        cache_format=spec.cache_format,
         page_size=spec.page_size,
         softmax_scale=softmax_scale_of(spec),
         kernels=plans,

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .cache_format import CACHE_FORMATS, cache_format
+
 __all__ = [
     "MLAWeights",
     "absorb_query",
@@ -40,17 +42,14 @@ __all__ = [
 ]
 
 
-#: largest finite float8_e4m3fn value: quantisation saturates there
-FP8_E4M3_MAX = 448.0
+#: largest finite float8_e4m3fn value: quantisation saturates there (its cache format's max_abs)
+FP8_E4M3_MAX = CACHE_FORMATS["float8_e4m3fn"].max_abs
 
 
 def quantize_latent(latent: torch.Tensor, kv_scale: float | torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """latent rows as a scaled cache of `dtype` stores them: (latent / kv_scale) in float32, saturated at the
-    format's largest finite value and rounded to nearest even by torch's own conversion (the clamp makes the
-    saturation explicit: older torch releases turn out-of-range values into NaN)."""
-    # float32 division by the float32 scale, as the kernel's (torch casts a Python number to float32 here)
-    scaled = latent.to(torch.float32) / float(kv_scale)
-    return scaled.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
+    """latent rows as a scaled cache of `dtype` stores them (the format's quantize: (latent / kv_scale) in
+    float32, saturated at the format's largest finite value, rounded to nearest even by torch's conversion)."""
+    return cache_format(str(dtype).removeprefix("torch.")).quantize(latent, kv_scale)
 
 
 def dequantize_cache(

@@ -41,13 +41,16 @@ def _environment() -> jinja2.Environment:
 
 
 def generator_sources() -> list[Path]:
-    """The files that decide a generated module's content besides the spec and tuning: every template, and the
-    pipeline stages that fill them (spec validation, the plan's constants, rendering, the launch policy that
-    checks tuned configurations); and the runtime the module imports (runtime.py, launch_policy.py), whose names,
-    private ones included, are its interface. A change to any of them makes a new cache entry even within one
-    mlagen version (an editable install), so that a cached module never meets a runtime it was not built for."""
+    """The files that decide a generated module's content besides the spec and tuning: every template, and the pipeline
+    stages that fill them (spec validation, the plan's constants, rendering, the launch policy that checks tuned
+    configurations); and the runtime the module imports (runtime.py, launch_policy.py, options.py, cache_format.py),
+    whose names, private ones included, are its interface. A change to any of them makes a new cache entry even
+    within one mlagen version (an editable install), so that a cached module never meets a runtime it was not built
+    for."""
     package = Path(__file__).resolve().parent
-    stages = [package / name for name in ("spec.py", "plan.py", "render.py", "runtime.py")]
+    stages = [
+        package / name for name in ("spec.py", "plan.py", "render.py", "runtime.py", "options.py", "cache_format.py")
+    ]
     return [*sorted(template_dir().glob("*.jinja")), *stages, Path(launch_policy.__file__)]
 
 
@@ -115,7 +118,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         "page_size": plan.page_size,
         "dtype": plan.dtype,
         "cache_dtype": plan.cache_dtype,
-        "cache_scaled": plan.cache_scaled,
+        "cache_format": plan.cache_format,
         "softmax_scale": repr(plan.softmax_scale),
         "softmax_scale_max": repr(SOFTMAX_SCALE_CALL_MAX),
         "triton_min": repr(TRITON_MIN),

@@ -1017,7 +1017,7 @@ def get_decode_schedule(
             batch_size=batch_size,
             small_batch=m.DECODE_SMALL_BATCH,
             min_blocks_per_part=m.DECODE_GLUON_MIN_BLOCKS_PER_PART,
-            fp8_cache=m.CACHE_SCALED,
+            fp8_cache=m.CACHE_FORMAT.scaled,
         )
     else:
         block_m, small = decode_row_block(
@@ -1057,7 +1057,7 @@ def get_decode_schedule(
             batch_size=batch_size,
             num_parts=num_parts,
             small_batch=m.DECODE_SMALL_BATCH,
-            fp8_cache=m.CACHE_SCALED,
+            fp8_cache=m.CACHE_FORMAT.scaled,
             page_size=m.PAGE_SIZE,
             config_given=config_given,
         )
@@ -1810,7 +1810,7 @@ def mla_cache_write(m, c_kv, k_pe, kv_cache, slot_mapping, *, kv_scale=None, val
     c_kv [T, Dc], k_pe [T, Dr], kv_cache [num_pages, page_size, 1, Dc+Dr], slot_mapping [T] int32/int64:
     token t goes to page slot_mapping[t] // page_size, row slot_mapping[t] % page_size (pages in any
     order); a negative slot skips the token (padding). Slots must be distinct. Returns kv_cache.
-    kv_scale: for a float8_e4m3fn cache (CACHE_SCALED) the layer's scale, a number or a float32 tensor of one
+    kv_scale: for a float8_e4m3fn cache (CACHE_FORMAT.scaled) the layer's scale, a number or a float32 tensor of one
     element: rows are stored as fp8(row / kv_scale), rounded to nearest even and saturated at +-448 (finite
     rows never give NaN), bit for bit torch's `(row.float() / kv_scale).clamp(-448, 448).to(float8_e4m3fn)`.
     None (and only None) for a 16-bit cache.

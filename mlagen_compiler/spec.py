@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal, get_args
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
 
+from .cache_format import CACHE_FORMATS, SCALED_CACHE_DTYPES, CacheFormat
+
 __all__ = [
     "RESERVED_MODULE_NAMES",
     "SCALED_CACHE_DTYPES",
@@ -40,10 +42,10 @@ __all__ = [
 
 KernelName = Literal["decode", "prefill"]
 DType = Literal["bfloat16", "float16"]
-#: what the latent cache may hold: the spec's dtype, or fp8 e4m3 (one scale per layer, given at the call)
+#: what the latent cache may hold: the spec's dtype, or fp8 e4m3 (one scale per layer, given at the call); each
+#: value is a format of cache_format.CACHE_FORMATS (SCALED_CACHE_DTYPES: those that store latent / kv_scale)
 CacheDType = Literal["bfloat16", "float16", "float8_e4m3fn"]
-#: cache dtypes that store latent / kv_scale and need the scale at every call
-SCALED_CACHE_DTYPES = ("float8_e4m3fn",)
+assert set(get_args(CacheDType)) == set(CACHE_FORMATS), "CacheDType names every cache format"
 
 
 #: an int field takes an int only: YAML's true, "16" or 16.0 are errors, not 1 or 16 (pydantic's lax mode
@@ -260,7 +262,7 @@ class MLASpec(_Frozen):
     @classmethod
     def _cache_dtype(cls, value: str | None, info: Any) -> str | None:
         dtype = info.data.get("dtype")  # validated before (declared first); absent when it was invalid
-        if dtype is not None and value != dtype and value not in SCALED_CACHE_DTYPES:
+        if dtype is not None and value != dtype and CACHE_FORMATS[value].follows_model_dtype:
             raise ValueError(
                 f"cache_dtype={value} is not allowed with dtype={dtype}: must be the spec's dtype ({dtype}) or "
                 f"one of {', '.join(SCALED_CACHE_DTYPES)}"
@@ -288,9 +290,9 @@ class MLASpec(_Frozen):
         return data
 
     @property
-    def cache_scaled(self) -> bool:
-        """True when the cache stores latent / kv_scale (fp8): every call that reads or writes it takes kv_scale."""
-        return self.cache_dtype in SCALED_CACHE_DTYPES
+    def cache_format(self) -> CacheFormat:
+        """How the latent cache stores rows (its storage dtype, whether calls take kv_scale, quantisation)."""
+        return CACHE_FORMATS[self.cache_dtype]
 
     @model_validator(mode="after")
     def _scale_source(self) -> MLASpec:

@@ -40,7 +40,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from .options import reload_options, use_options
-from .reference import FP8_E4M3_MAX, cache_write, chunked_prefill, dequantize_cache, prefill_varlen
+from .reference import cache_write, chunked_prefill, dequantize_cache, prefill_varlen
 from .verify import (
     compare_with_lse,
     cu_seqlens,
@@ -587,9 +587,9 @@ def assert_cache_write_matches_reference(
     c_kv = torch.randn(num_tokens, dc, generator=g).to(module.DTYPE)
     k_pe = torch.randn(num_tokens, dr, generator=g).to(module.DTYPE)
     kv_scale = None
-    if module.CACHE_SCALED:
+    if module.CACHE_FORMAT.scaled:
         amax = max(float(c_kv.abs().max()), float(k_pe.abs().max())) if num_tokens else 1.0
-        kv_scale = torch.tensor([amax / FP8_E4M3_MAX * problem.scale_factor], dtype=torch.float32)
+        kv_scale = torch.tensor([amax / module.CACHE_FORMAT.max_abs * problem.scale_factor], dtype=torch.float32)
     want = cache_write(cache, c_kv, k_pe, slots, kv_scale)
     if kv_scale is not None:
         forms = {"number": float(kv_scale), "0-d tensor": kv_scale[0], "1-element tensor": kv_scale}

@@ -241,7 +241,7 @@ def make_inputs(module: ModuleType, seqlens: Sequence[int], seqlen_q: int, gener
     data_gen = _device_generator(generator, device)
     shape_q = (len(seqlens), seqlen_q, module.NUM_HEADS, width)
     inputs = {"q": torch.randn(shape_q, generator=data_gen, device=device, dtype=module.DTYPE)}
-    if getattr(module, "CACHE_SCALED", False):
+    if module.CACHE_FORMAT.scaled:
         inputs["kv_cache"], inputs["kv_scale"] = random_cache(module, num_pages, data_gen, device)
     else:
         inputs["kv_cache"] = torch.randn(

@@ -145,14 +145,13 @@ def random_cache(module: ModuleType, num_pages: int, generator, device) -> tuple
     """
     import torch
 
-    from .reference import FP8_E4M3_MAX, quantize_latent
-
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     latent = torch.randn(num_pages, module.PAGE_SIZE, 1, width, generator=generator, device=generator.device)
-    if not getattr(module, "CACHE_SCALED", False):
+    fmt = module.CACHE_FORMAT
+    if not fmt.scaled:
         return latent.to(module.DTYPE).to(device), None
-    kv_scale = (latent.abs().amax() / FP8_E4M3_MAX).reshape(1)
-    return quantize_latent(latent, kv_scale, module.CACHE_DTYPE).to(device), kv_scale.to(device)
+    kv_scale = (latent.abs().amax() / fmt.max_abs).reshape(1)
+    return fmt.quantize(latent, kv_scale).to(device), kv_scale.to(device)
 
 
 def same_bits(a, b) -> bool:

@@ -40,13 +40,13 @@ def test_bundled_specs_render_gluon_source(name):
     spec = resolve_spec(name)
     plan = lower(spec).decode.gluon
     assert plan.eligible, plan.reason
-    assert plan.convert_cache == spec.cache_scaled  # an fp8 cache: converted by the producer into float16 stages
+    assert plan.convert_cache == spec.cache_format.scaled  # an fp8 cache: converted by the producer into float16 stages
     source = module_source(spec)
     assert "def _mla_decode_gluon_kernel(" in source and "gl.warp_specialize(" in source
     # the fp8 converters and landing rings only where the cache is fp8 (a 16-bit cache's module never runs them)
     fp8 = ("def _gluon_producer_convert(", "def _gluon_land_issuer(", "def _fp8_e4m3_round(", "_GLUON_LAYOUT_LAND")
     for fragment in fp8:
-        assert (fragment in source) == spec.cache_scaled, fragment
+        assert (fragment in source) == spec.cache_format.scaled, fragment
     compile(source, f"<{name}>", "exec")
 
 
@@ -187,7 +187,7 @@ def test_gluon_producer_kind(tmp_path, name):
     rows_off = torch.empty(4, page, 1, width + 8, dtype=module.CACHE_DTYPE)[..., :width]  # a row stride != width
     half = module.DECODE_GLUON_LAND_ROWS
     assert half == module.DECODE_GLUON_BLOCK_M // 2  # the landing zone is the tile's lower half
-    scaled = module.CACHE_SCALED
+    scaled = module.CACHE_FORMAT.scaled
 
     def producer_kind(cache, rows):  # the narrow form as the schedule plans it
         return module._gluon_producer_kind(cache, rows, module.gluon_narrow_rows(rows, module.DECODE_GLUON_NARROW_ROWS))
@@ -225,7 +225,7 @@ def test_fp8_module_selects_gluon_on_hopper(tmp_path):
     compute capability 9.x GPU; elsewhere, and when asked, the portable kernel."""
     spec = resolve_spec("deepseek-v3-tp8-fp8")
     module = _import_source(module_source(spec), tmp_path, "fp8_select")
-    assert module.CACHE_SCALED and module.DECODE_GLUON_ELIGIBLE and module.DECODE_GLUON_INELIGIBLE_REASON == ""
+    assert module.CACHE_FORMAT.scaled and module.DECODE_GLUON_ELIGIBLE and module.DECODE_GLUON_INELIGIBLE_REASON == ""
     facts = dict(
         eligible=module.DECODE_GLUON_ELIGIBLE,
         ineligible_reason=module.DECODE_GLUON_INELIGIBLE_REASON,

@@ -268,7 +268,7 @@ def test_spec_from_hf_cli(tmp_path):
     fp8 = CliRunner().invoke(app, ["spec-from-hf", str(model_dir), "--cache-dtype", "float8_e4m3fn", "-o", str(out)])
     assert fp8.exit_code == 0, fp8.output
     assert load_spec(out) == spec_from_config(kimi, cache_dtype="float8_e4m3fn")
-    assert load_spec(out).name == "kimi-k2-tp1-fp8" and load_spec(out).cache_scaled
+    assert load_spec(out).name == "kimi-k2-tp1-fp8" and load_spec(out).cache_format.scaled
     for args, fragment in [
         ([str(tmp_path / "none.json")], "no such file"),
         ([str(model_dir), "--cache-dtype", "int8"], "cache_dtype: Input should be 'bfloat16', 'float16' or"),

@@ -3,7 +3,9 @@ frozen, swapped for a block with use_options, and what the runtime's wrappers re
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import pickle
 
 import pytest
 import torch
@@ -54,6 +56,8 @@ def test_options_are_frozen_and_checked():
     with pytest.raises(ValueError, match="^decode_tma: expected True or False, got 'on'$"):
         Options(decode_tma="on")
     assert hash(Options(validate=True)) == hash(Options(validate=True)) and Options(validate=True) != chosen
+    other = Options(decode_backend="triton", decode_tma=False)
+    assert pickle.loads(pickle.dumps(other)) == other and copy.deepcopy(other) == other
 
 
 def test_use_options_swaps_for_a_block_and_restores():

@@ -92,7 +92,7 @@ def test_fp8_cache_plan():
     or landing producer (float16 stages: the same shared memory as a 16-bit cache), and `mlagen show` says so."""
     bf16 = lower(spec()).decode
     fp8 = lower(spec(cache_dtype="float8_e4m3fn"))
-    assert fp8.cache_dtype == "float8_e4m3fn" and fp8.cache_scaled and fp8.dtype == "bfloat16"
+    assert fp8.cache_dtype == "float8_e4m3fn" and fp8.cache_format.scaled and fp8.dtype == "bfloat16"
     decode = fp8.decode
     assert (bf16.cache_bytes, decode.cache_bytes) == (2, 1)
     c = TileConfig(64, 8, 2)

@@ -35,7 +35,8 @@ def test_a_change_to_the_plan_or_a_template_changes_the_digest(tmp_path, monkeyp
     """The plan's constants decide generated code as much as the templates do: a cached module built before a
     plan change must not be served after it (one mlagen version, an editable install)."""
     names = {path.name for path in render.generator_sources()}
-    assert {"plan.py", "spec.py", "render.py", "launch_policy.py", "runtime.py", "decode_gluon.py.jinja"} <= names
+    runtime = {"launch_policy.py", "runtime.py", "options.py", "cache_format.py"}
+    assert {"plan.py", "spec.py", "render.py", "decode_gluon.py.jinja", *runtime} <= names
     copies = []
     for path in render.generator_sources():
         copy = tmp_path / path.name
@@ -65,15 +66,16 @@ def _imports(tree):
 
 
 def test_generated_imports_only_torch_triton_stdlib_and_mlagen_runtime():
-    """A generated module needs torch, triton and mlagen's runtime (runtime.py, launch_policy.py), which need only
-    torch, triton, the standard library and each other: not the compiler (pydantic, jinja2, ...)."""
+    """A generated module needs torch, triton and mlagen's runtime (runtime.py, launch_policy.py, options.py,
+    cache_format.py), which need only torch, triton, the standard library and each other: not the compiler
+    (pydantic, jinja2, ...)."""
     packages, mlagen = _imports(ast.parse(module_source(spec_from_dict(SPEC))))
     assert packages - {"torch", "triton", "mlagen_compiler"} <= set(sys.stdlib_module_names), packages
-    assert mlagen == {"runtime", "launch_policy"}
+    assert mlagen == {"runtime", "launch_policy", "options", "cache_format"}
     for name in mlagen:
         packages, imported = _imports(ast.parse((ROOT / "mlagen_compiler" / f"{name}.py").read_text()))
         assert packages - {"torch", "triton", "mlagen_compiler"} <= set(sys.stdlib_module_names), (name, packages)
-        assert imported <= {"runtime", "launch_policy"}, (name, imported)
+        assert imported <= {"runtime", "launch_policy", "options", "cache_format"}, (name, imported)
 
 
 def test_spec_dict_round_trips():

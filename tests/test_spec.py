@@ -112,13 +112,13 @@ def test_hash_ignores_key_order_comments_whitespace(tmp_path):
 def test_cache_dtype_defaults_to_the_dtype():
     """An omitted (or null) cache_dtype is the spec's dtype, and writing it out does not change the hash."""
     plain = spec_from_dict(BASE)
-    assert plain.cache_dtype == "bfloat16" and not plain.cache_scaled
+    assert plain.cache_dtype == "bfloat16" and not plain.cache_format.scaled
     for explicit in ("bfloat16", None):
         assert spec_from_dict({**BASE, "cache_dtype": explicit}).content_hash() == plain.content_hash()
     assert spec_from_dict({**BASE, "dtype": "float16"}).cache_dtype == "float16"
     fp8 = spec_from_dict({**BASE, "cache_dtype": "float8_e4m3fn"})
-    assert fp8.cache_scaled and fp8.dtype == "bfloat16" and fp8.content_hash() != plain.content_hash()
-    assert spec_from_dict({**BASE, "dtype": "float16", "cache_dtype": "float8_e4m3fn"}).cache_scaled
+    assert fp8.cache_format.scaled and fp8.dtype == "bfloat16" and fp8.content_hash() != plain.content_hash()
+    assert spec_from_dict({**BASE, "dtype": "float16", "cache_dtype": "float8_e4m3fn"}).cache_format.scaled
 
 
 def test_bundled_specs_cover_design_geometries():

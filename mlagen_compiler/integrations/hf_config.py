@@ -19,8 +19,9 @@ from typing import Any
 
 import yaml
 
+from ..cache_format import CACHE_FORMATS
 from ..plan import softmax_scale_of
-from ..spec import SCALED_CACHE_DTYPES, MLASpec, SpecError, brief_repr, spec_from_dict, unique_json_keys
+from ..spec import MLASpec, SpecError, brief_repr, spec_from_dict, unique_json_keys
 
 __all__ = ["hf_softmax_scale", "read_hf_config", "spec_from_config", "spec_yaml"]
 
@@ -134,7 +135,8 @@ def spec_from_config(
     cache_name = None if cache_dtype is None else str(cache_dtype).removeprefix("torch.")
     if name is None:
         model_type = str(_field(config, "model_type") or "mla").lower().replace("_", "-")
-        name = f"{model_type}-tp{tp_size}" + ("-fp8" if cache_name in SCALED_CACHE_DTYPES else "")
+        suffix = CACHE_FORMATS[cache_name].name_suffix if cache_name in CACHE_FORMATS else ""
+        name = f"{model_type}-tp{tp_size}" + suffix
     fields: dict[str, Any] = {
         "name": name,
         "num_heads": heads // tp_size,

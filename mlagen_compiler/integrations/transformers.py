@@ -45,7 +45,7 @@ from torch import Tensor, nn
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..cache import load
-from ..reference import FP8_E4M3_MAX
+from ..cache_format import CACHE_FORMATS
 from ..spec import MLASpec
 from .hf_config import spec_from_config
 
@@ -387,7 +387,7 @@ def _patch_of(model: nn.Module) -> _Patch | None:
 def _layer_scales(kv_scale: float | Sequence[float] | None, patch: _Patch) -> list[Tensor | None]:
     """Each layer's kv_scale as a float32 [1] tensor on the model's device (an fp8 cache), or None (16 bits)."""
     spec = patch.spec
-    if not spec.cache_scaled:
+    if not spec.cache_format.scaled:
         if kv_scale is not None:
             raise ValueError(
                 f"kv_scale={kv_scale!r} is not allowed: the model was patched for a {spec.cache_dtype} cache, which "
@@ -600,6 +600,10 @@ def planned_step(
         cache._commit(step)
 
 
+#: the fp8 format kv_scales_from calibrates for (e4m3, one scale per layer)
+_FP8 = CACHE_FORMATS["float8_e4m3fn"]
+
+
 def kv_scales_from(
     model: nn.Module, input_ids: Tensor, *, attention_mask: Tensor | None = None, margin: float = 1.0
 ) -> list[float]:
@@ -622,7 +626,7 @@ def kv_scales_from(
         largest = patch.latent_max
     finally:
         patch.latent_max = None
-    return [value * margin / FP8_E4M3_MAX if value > 0 else 1.0 for value in largest]
+    return [_FP8.scale_for(value, margin) for value in largest]
 
 
 def _mla_modules(model: nn.Module) -> list[nn.Module]:

@@ -46,7 +46,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..cache import load
-from ..spec import SCALED_CACHE_DTYPES, MLASpec, spec_from_dict
+from ..cache_format import cache_format
+from ..spec import MLASpec, spec_from_dict
 
 #: vLLM releases this backend was tested with (the extra pins them: pyproject.toml)
 VLLM_TESTED_VERSIONS = ("0.26.0",)
@@ -160,7 +161,7 @@ def spec_for_layer(
         )
     cache_dtype = _CACHE_DTYPES[kv_cache_dtype]
     name = f"vllm-h{num_heads}-c{kv_lora_rank}-r{qk_rope_head_dim}-n{qk_nope_head_dim}-v{v_head_dim}-p{block_size}" + (
-        "-fp8" if cache_dtype in SCALED_CACHE_DTYPES else ""
+        cache_format(cache_dtype).name_suffix if cache_dtype is not None else ""
     )
     fields: dict[str, Any] = {
         "name": name,
@@ -484,7 +485,10 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
             if getattr(parallel, name) > 1:
                 raise NotImplementedError(f"{name}={getattr(parallel, name)}: mlagen's vLLM backend runs without it")
         self.model_dtype = config.model_config.dtype if config.model_config is not None else torch.get_default_dtype()
-        self.fp8_cache = _CACHE_DTYPES.get(kv_cache_dtype) in SCALED_CACHE_DTYPES
+        #: how the cache stores rows: the format vLLM's kv_cache_dtype names, else the model's 16-bit dtype's
+        self.cache_format = cache_format(
+            _CACHE_DTYPES.get(kv_cache_dtype) or _MODEL_DTYPES.get(self.model_dtype, "bfloat16")
+        )
         self._w_uk_uv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._modules: dict[int, ModuleType] = {}
         block_size = config.cache_config.block_size
@@ -522,12 +526,13 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
     def _paged(self, kv_cache: torch.Tensor) -> torch.Tensor:
         """vLLM's [num_blocks, block_size, Dc+Dr] cache as mlagen's [num_pages, page_size, 1, Dc+Dr]
         (an fp8 cache, allocated as uint8, viewed as e4m3)."""
-        if self.fp8_cache and kv_cache.dtype != torch.float8_e4m3fn:
-            kv_cache = kv_cache.view(torch.float8_e4m3fn)
+        storage = self.cache_format.torch_dtype()
+        if self.cache_format.scaled and kv_cache.dtype != storage:
+            kv_cache = kv_cache.view(storage)
         return kv_cache.unsqueeze(2)
 
     def _kv_scale(self, k_scale: torch.Tensor) -> torch.Tensor | None:
-        return k_scale if self.fp8_cache else None
+        return k_scale if self.cache_format.scaled else None
 
     def do_kv_cache_update(
         self,
@@ -616,7 +621,7 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
 
         num_pages = max(4, -(-32 // page))  # room for 17 distinct cache-write slots
         cache = randn(num_pages, page, dc + dr).clamp(-4, 4).to(cache_dtype)
-        kv_scale = torch.full((1,), 0.5, device=device) if self.fp8_cache else None
+        kv_scale = torch.full((1,), 0.5, device=device) if self.cache_format.scaled else None
         table = torch.arange(max_batch * block_table_width, device=device, dtype=torch.int32)
         table = (table % num_pages).view(max_batch, block_table_width)
         lengths = torch.randint(1, 4 * page + 1, (max_batch,), generator=generator, device=device)
