@@ -489,6 +489,7 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
         self.cache_format = cache_format(
             _CACHE_DTYPES.get(kv_cache_dtype) or _MODEL_DTYPES.get(self.model_dtype, "bfloat16")
         )
+        self._cache_storage = self.cache_format.torch_dtype()
         self._w_uk_uv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._modules: dict[int, ModuleType] = {}
         block_size = config.cache_config.block_size
@@ -526,9 +527,8 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
     def _paged(self, kv_cache: torch.Tensor) -> torch.Tensor:
         """vLLM's [num_blocks, block_size, Dc+Dr] cache as mlagen's [num_pages, page_size, 1, Dc+Dr]
         (an fp8 cache, allocated as uint8, viewed as e4m3)."""
-        storage = self.cache_format.torch_dtype()
-        if self.cache_format.scaled and kv_cache.dtype != storage:
-            kv_cache = kv_cache.view(storage)
+        if self.cache_format.scaled and kv_cache.dtype != self._cache_storage:
+            kv_cache = kv_cache.view(self._cache_storage)
         return kv_cache.unsqueeze(2)
 
     def _kv_scale(self, k_scale: torch.Tensor) -> torch.Tensor | None:
