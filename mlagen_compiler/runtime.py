@@ -20,9 +20,11 @@ as Python (tests/test_prepared_launch.py, tests/test_runtime.py, and every test 
 
 import functools
 import inspect
+import itertools
 import math
 import os
 import re
+import weakref
 
 import torch
 import triton
@@ -744,6 +746,141 @@ def register_op(namespace, name, impl, fake, mutates_args=()):
     return getattr(ops, name)
 
 
+# ---- the entry points while torch.compile traces them ---------------------------------------------------
+#
+# A tracer (torch.compile, torch.export) may not look into the plain entry points (they read tensor metadata,
+# build TMA descriptors, launch Triton kernels). While one traces (torch.compiler.is_compiling()), each entry
+# point is called as the module's torch.library op instead (ops.py.jinja): the graph records the op, whose
+# implementation runs the same entry point when the graph runs, outside tracing. Eager calls never reach here.
+
+#: torch.compiler.is_compiling, bound once: every entry point asks it first (a tracer reads it as True)
+compiling = torch.compiler.is_compiling
+
+_FLOAT32 = torch.finfo(torch.float32)
+
+#: DecodeSchedule handles: a traced graph keeps a schedule's int handle (a schedule cannot be an op's
+#: argument), and the decode op finds the schedule by it; weak, so a schedule lives as long as its caller keeps it
+_SCHEDULE_HANDLES = itertools.count()
+_SCHEDULES = weakref.WeakValueDictionary()
+
+
+def schedule_of_handle(handle):
+    """The DecodeSchedule whose handle a traced graph kept (-1: none, mla_decode plans its own)."""
+    if handle < 0:
+        return None
+    schedule = _SCHEDULES.get(handle)
+    if schedule is None:
+        raise ValueError(
+            "schedule: the DecodeSchedule this compiled graph was traced with no longer exists: keep it alive "
+            "while the compiled function runs"
+        )
+    return schedule
+
+
+def _op_kv_scale(m, kv_scale, device):
+    """kv_scale as the ops take it: a tensor unchanged (the op's call checks it), a number as a float32 tensor of
+    one element made in the graph (checked here, as a plain call checks a number); a 16-bit cache's None, or the
+    plain call's one-line error."""
+    if isinstance(kv_scale, torch.Tensor):
+        return kv_scale
+    if not m.CACHE_FORMAT.scaled or kv_scale is None:
+        return m._kv_scale(kv_scale, device)
+    if not (
+        isinstance(kv_scale, (int, float))
+        and not isinstance(kv_scale, bool)
+        and _FLOAT32.tiny <= kv_scale <= _FLOAT32.max
+    ):
+        raise ValueError(
+            f"kv_scale: must be a finite number > 0 within float32's normal range, or a float32 tensor of one "
+            f"element, got {kv_scale!r}"
+        )
+    return torch.full((1,), float(kv_scale), dtype=torch.float32, device=device)
+
+
+def _op_outputs(result, out, lse, return_lse):
+    """An op's (out, lse) as the plain call returns them: copied into the caller's out= / lse= where given."""
+    results = list(result)
+    for i, (given, name) in enumerate(((out, "out"), (lse, "lse"))):
+        if given is None:
+            continue
+        value = results[i]
+        if not (isinstance(given, torch.Tensor) and given.shape == value.shape and given.dtype == value.dtype):
+            raise ValueError(f"{name}: expected a {value.dtype} tensor of shape {tuple(value.shape)}")
+        given.copy_(value)
+        results[i] = given
+    return tuple(results) if return_lse else results[0]
+
+
+def mla_decode_traced(
+    m, q, kv_cache, block_table, cache_seqlens, softmax_scale, kv_scale, return_lse, schedule, out, lse, validate,
+    causal, empty_lse,
+):  # fmt: skip
+    """mla_decode while a tracer runs it: the module's decode op. A schedule goes in as its handle (an int the
+    graph keeps, and guards on): the compiled call runs on that schedule, which must outlive the graph."""
+    handle = -1
+    if schedule is not None:
+        handle = getattr(schedule, "_handle", None)
+        if handle is None:
+            raise ValueError("schedule: expected a DecodeSchedule from this module's get_decode_schedule")
+    empty = empty_lse if isinstance(empty_lse, (int, float)) and not isinstance(empty_lse, bool) else None
+    if empty is None or abs(empty) != math.inf:
+        raise ValueError(f"empty_lse: must be -math.inf or math.inf, got {empty_lse!r}")
+    result = m.ops.decode(
+        q,
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        softmax_scale,
+        _op_kv_scale(m, kv_scale, q.device),
+        causal,
+        validate,
+        float(empty),
+        handle,
+    )
+    return _op_outputs(result, out, lse, return_lse)
+
+
+def _op_config(config):
+    """A prefill config as the ops take it: a list of ints (checked by the op's call), or None."""
+    return None if config is None else [*config]
+
+
+def mla_prefill_traced(m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, return_lse, out, lse, config,
+                       validate):  # fmt: skip
+    """mla_prefill while a tracer runs it: the module's prefill op."""
+    result = m.ops.prefill(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, _op_config(config), validate)
+    return _op_outputs(result, out, lse, return_lse)
+
+
+def mla_chunked_prefill_traced(
+    m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv, softmax_scale,
+    kv_scale, return_lse, out, lse, config, validate, num_prefix_tokens,
+):  # fmt: skip
+    """mla_chunked_prefill while a tracer runs it: the module's chunked_prefill op, which takes the prefix
+    total as a host int (reading it from prefix_lens would synchronise, which a graph cannot)."""
+    if num_prefix_tokens is None:
+        raise ValueError("num_prefix_tokens: required under torch.compile (sum(prefix_lens) as a host int)")
+    result = m.ops.chunked_prefill(
+        q,
+        k_nope,
+        k_pe,
+        v,
+        cu_seqlens,
+        max_seqlen,
+        kv_cache,
+        block_table,
+        prefix_lens,
+        w_uk,
+        w_uv,
+        num_prefix_tokens,
+        softmax_scale,
+        _op_kv_scale(m, kv_scale, q.device),
+        _op_config(config),
+        validate,
+    )
+    return _op_outputs(result, out, lse, return_lse)
+
+
 # ---- decode: backend, schedule, the checked first call and its launches ---------------------------------
 
 #: L2 eviction policies of split sequences' partial rows, (the split kernels' stores, the combine's loads), by
@@ -823,7 +960,9 @@ class DecodeSchedule:
         "_launches",
         "_out_layout",
         "_lse_layout",
+        "_handle",
         "_frozen",
+        "__weakref__",
     )
 
     def __init__(
@@ -903,6 +1042,9 @@ class DecodeSchedule:
         self._lse_layout = ((batch_size, m.NUM_HEADS, seqlen_q), (m.NUM_HEADS * seqlen_q, seqlen_q, 1))
         #: call signature (_decode_signature) -> the call's launches, prepared by its first call
         self._launches = {}
+        #: the int a traced graph keeps for this schedule (see mla_decode_traced)
+        self._handle = next(_SCHEDULE_HANDLES)
+        _SCHEDULES[self._handle] = self
         self._frozen = True
 
     def __setattr__(self, name, value):
@@ -1549,6 +1691,10 @@ def mla_prefill(
     validate: check cu_seqlens and max_seqlen against the tokens (default: on for CPU tensors or with
     MLAGEN_VALIDATE=1; on the GPU it costs a synchronisation, and the values are the caller's contract).
     """
+    if compiling():
+        return mla_prefill_traced(
+            m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, return_lse, out, lse, config, validate
+        )
     num_tokens = _check_mha_inputs(m, q, k_nope, k_pe, v)
     device = q.device
     _check_flag(return_lse, "return_lse")
@@ -1703,6 +1849,11 @@ def mla_chunked_prefill(
     validate: as in mla_prefill, and prefix_lens within the block table, its pages within the cache, their
     sum equal to num_prefix_tokens.
     """
+    if compiling():
+        return mla_chunked_prefill_traced(
+            m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv,
+            softmax_scale, kv_scale, return_lse, out, lse, config, validate, num_prefix_tokens,
+        )  # fmt: skip
     num_tokens = _check_mha_inputs(m, q, k_nope, k_pe, v)
     device = q.device
     _check_flag(return_lse, "return_lse")
@@ -1817,6 +1968,9 @@ def mla_cache_write(m, c_kv, k_pe, kv_cache, slot_mapping, *, kv_scale=None, val
     validate: check every slot is -1 or a row of the cache, and no row is written twice (default: on for
     CPU tensors or with MLAGEN_VALIDATE=1; on the GPU it costs a synchronisation).
     """
+    if compiling():  # the op writes kv_cache in place (and returns nothing)
+        m.ops.cache_write(c_kv, k_pe, kv_cache, slot_mapping, _op_kv_scale(m, kv_scale, c_kv.device), validate)
+        return kv_cache
     _check_tensor(c_kv, "c_kv", ndim=2, dtype=m.DTYPE, last_dim=m.KV_LORA_RANK)
     device = c_kv.device
     _check_device(device, "c_kv")
