@@ -27,10 +27,10 @@ import os
 import pstats
 import statistics
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
+import harness
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,23 +79,13 @@ def make_inputs(module, batch: int, seqlen: int, seed: int):
     return [t.cuda() for t in (q, kv, table, lens)]
 
 
-def time_sample(call, calls: int) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(calls):
-        call()
-    elapsed = time.perf_counter() - start
-    torch.cuda.synchronize()
-    return elapsed / calls * 1e6
-
-
 def parts(module, q, kv, table, lens, schedule, out, lse, calls: int) -> None:
     """Per-call pieces of the module's prepared path, each timed alone (median of 9 samples, us)."""
 
     def median(call):
         for _ in range(20):
             call()
-        return statistics.median(time_sample(call, calls) for _ in range(9))
+        return statistics.median(harness.host_us_per_call(call, calls) for _ in range(9))
 
     scale = module.SOFTMAX_SCALE
     signature = getattr(module, "_decode_signature", None)
@@ -198,8 +188,8 @@ def main() -> None:
             for _ in range(args.samples):  # interleaved: drift hits every module alike
                 for label, (_, _, _, _, with_schedule, bare) in state.items():
                     set_options(replace(chosen[label], decode_backend=backend))
-                    times[label][0].append(time_sample(with_schedule, args.calls))
-                    times[label][1].append(time_sample(bare, args.calls))
+                    times[label][0].append(harness.host_us_per_call(with_schedule, args.calls))
+                    times[label][1].append(harness.host_us_per_call(bare, args.calls))
             # results: bit for bit against the first module, given and bare, timing inputs and fresh ones
             results = {}
             for label, (module, schedule, _, _, _, _) in state.items():
