@@ -1,5 +1,5 @@
 """Where the time of small and skewed decode batches goes (dev tool, issue 11's graph-replay targets; kept for
-benchmarks/device_flash_mla.sh, which runs --partials).
+benchmarks/flash_mla_dropin.sh, which runs --partials).
 
     python benchmarks/probes/latency_probe.py [--only NAME,...] [--cache bf16|fp8]
         [--quick | --tiles | --parts | --runs | --steps [--step-scales 1,2,4] | --partials | --keep | --blocks

@@ -6,8 +6,8 @@
 # Here, once: `echo /.whl/ >> .git/info/exclude; echo /.flashmla/ >> .git/info/exclude`, the wheels of pydantic
 # 2.12.5, pydantic-core 2.41.5, annotated-types, typing-inspection and platformdirs (cp312 manylinux) in .whl/,
 # and FlashMLA's tests in .flashmla/: `git -C FLASHMLA_REPO archive HEAD tests | tar -x -C .flashmla`.
-# Then the device call: carry [".whl", ".flashmla"], command `bash benchmarks/device_flash_mla.sh`.
-#   bash benchmarks/device_flash_mla.sh rerun   only the cases listed in .flashmla/rerun/{suite_bf16,suite_fp16,
+# Then the device call: carry [".whl", ".flashmla"], command `bash benchmarks/flash_mla_dropin.sh`.
+#   bash benchmarks/flash_mla_dropin.sh rerun   only the cases listed in .flashmla/rerun/{suite_bf16,suite_fp16,
 #                                               extra_bf16}.json (an earlier run's failures, its JSONs' "failures"),
 #                                               the GPU tests, no timings
 mode=${1:-all}

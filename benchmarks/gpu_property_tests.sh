@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# One device call (issue 46): the property tests that now draw and check through mlagen_compiler.testing, on the
+# One device call: the property tests that now draw and check through mlagen_compiler.testing, on the
 # GPU (both decode backends, and the GPU-only decode tests, whose problems go through the same check); the
 # plugin's own tests (pytester: a user's spec passes, an edited module fails with its shrunk case); then the
 # plugin on bundled specs with the GPU's longer shapes: DeepSeek-V3 TP8 with a 16-bit and an fp8 cache (the
 # Gluon decode too) and Mistral-Small-4 (Dc 256). About 8 minutes.
-#   bash benchmarks/device_pytest_plugin.sh   (after the .whl install line)
+#   bash benchmarks/gpu_property_tests.sh   (after the .whl install line)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 MLAGEN_HYPOTHESIS_PROFILE=ci timeout 300 python3 -m pytest -q -p no:cacheprovider tests/test_decode.py \
