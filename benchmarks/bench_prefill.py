@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import harness
@@ -110,6 +111,18 @@ def _judged(out, lse, want, want_lse) -> dict:
     _, rel, msg = compare_with_lse(out, lse, want, want_lse, "bfloat16")
     lse_err = float((lse.double().cpu() - want_lse.double().cpu()).abs().max())
     return {"rel_err": rel, "lse_max_err": lse_err, "lse_tolerance": LSE_TOLERANCE, "passed": not msg, "msg": msg}
+
+
+def causal_reference(module, q, k_nope, k_pe, v, batch, seqlen) -> torch.Tensor:
+    """[T, H, Dv] float32: causal attention of `batch` sequences of `seqlen` tokens (fp32 memory-efficient SDPA)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qd, kd, vd = dense(q, k_nope, k_pe, v, batch, seqlen)
+    with sdpa_kernel([SDPBackend.MATH if DRY_RUN else SDPBackend.EFFICIENT_ATTENTION]):
+        ref = F.scaled_dot_product_attention(
+            qd.float(), kd.float(), vd.float(), is_causal=True, scale=module.SOFTMAX_SCALE
+        )
+    return ref.transpose(1, 2).reshape(v.shape)
 
 
 def small_reference_check(module, device, gen) -> dict:
@@ -212,13 +225,7 @@ def run_case(module, heads, batch, seqlen, gen, device, sweep, sweeps) -> dict:
     # correctness of ours on this very shape vs fp32 memory-efficient SDPA
     out = torch.full_like(v, float("nan"))
     module.mla_prefill(q, kn, kp, v, cu, seqlen, out=out)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel([SDPBackend.MATH if DRY_RUN else SDPBackend.EFFICIENT_ATTENTION]):
-        ref = F.scaled_dot_product_attention(
-            qd.float(), kd.float(), vd.float(), is_causal=True, scale=module.SOFTMAX_SCALE
-        )
-    ref = ref.transpose(1, 2).reshape(v.shape)
+    ref = causal_reference(module, q, kn, kp, v, batch, seqlen)
     max_err, rel, msg = compare(out, ref, "bfloat16")
     del ref
     row = {
@@ -349,8 +356,17 @@ def main() -> None:
         print(f"# appended {harness.append_results(args.append, 'prefill', meta, cases)} rows to {args.append}")
 
 
-def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
-    """One sequence: `chunk` new tokens against a `prefix`-token cached latent prefix."""
+@dataclass
+class ChunkedProblem:
+    """One sequence: `chunk` new tokens (q, k_nope, k_pe, v) against a `prefix`-token cached latent prefix."""
+
+    chunk: int
+    prefix: int
+    args: tuple  # mla_chunked_prefill's positional arguments
+    prefix_cu: torch.Tensor
+
+
+def chunked_problem(module, device, gen, chunk: int, prefix: int) -> ChunkedProblem:
     heads, dn, dr, dv, dc = (
         module.NUM_HEADS,
         module.QK_NOPE_HEAD_DIM,
@@ -370,18 +386,20 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
     cache = rnd(num_pages, page, 1, dc + dr)
     plen = torch.tensor([prefix], dtype=torch.int32, device=device)
     w_uk, w_uv = rnd(heads, dn, dc) / dc**0.5, rnd(heads, dv, dc) / dc**0.5
-
-    def full():
-        return module.mla_chunked_prefill(q, kn, kp, v, cu, chunk, cache, table, plen, w_uk, w_uv)
-
-    out = full()
-    # check: equals causal attention of the chunk over prefix + chunk (fp32 memory-efficient SDPA)
     cu_p = torch.tensor([0, prefix], dtype=torch.int32, device=device)
-    pk, pr, pv = module.expand_latent_prefix(cache, table, cu_p, prefix, w_uk, w_uv)
+    return ChunkedProblem(chunk, prefix, (q, kn, kp, v, cu, chunk, cache, table, plen, w_uk, w_uv), cu_p)
+
+
+def chunked_reference(module, problem: ChunkedProblem) -> torch.Tensor:
+    """[chunk, H, Dv] float32: causal attention of the chunk over prefix + chunk (fp32 SDPA, the prefix's keys
+    and values expanded from the latent cache)."""
+    q, kn, kp, v, _, chunk, cache, table, _, w_uk, w_uv = problem.args
+    prefix, heads, device = problem.prefix, module.NUM_HEADS, q.device
+    pk, pr, pv = module.expand_latent_prefix(cache, table, problem.prefix_cu, prefix, w_uk, w_uv)
     k_all = torch.cat([torch.cat([pk, kn]), torch.cat([pr, kp])[:, None, :].expand(-1, heads, -1)], -1)
     v_all = torch.cat([pv, v])
     mask = torch.ones(chunk, prefix + chunk, dtype=torch.bool, device=device).tril(prefix)
-    ref = torch.empty(chunk, heads, dv, dtype=torch.float32, device=device)
+    ref = torch.empty(chunk, heads, module.V_HEAD_DIM, dtype=torch.float32, device=device)
     for h in range(0, heads, 8):  # a few heads at a time: the fp32 score matrix is chunk x (prefix + chunk)
         ref[:, h : h + 8] = F.scaled_dot_product_attention(
             q[:, h : h + 8].float().transpose(0, 1),
@@ -390,8 +408,28 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
             attn_mask=mask,
             scale=module.SOFTMAX_SCALE,
         ).transpose(0, 1)
-    max_err, rel, msg = compare(out, ref, "bfloat16")
-    del ref, k_all, v_all
+    return ref
+
+
+def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
+    """One sequence: `chunk` new tokens against a `prefix`-token cached latent prefix."""
+    heads, dn, dr, dv, dc = (
+        module.NUM_HEADS,
+        module.QK_NOPE_HEAD_DIM,
+        module.QK_ROPE_HEAD_DIM,
+        module.V_HEAD_DIM,
+        module.KV_LORA_RANK,
+    )
+    problem = chunked_problem(module, device, gen, chunk, prefix)
+    q, kn, kp, v, cu, _, cache, table, _, w_uk, w_uv = problem.args
+    cu_p = problem.prefix_cu
+
+    def full():
+        return module.mla_chunked_prefill(*problem.args)
+
+    out = full()
+    max_err, rel, msg = compare(out, chunked_reference(module, problem), "bfloat16")
+    pk, pr, pv = module.expand_latent_prefix(cache, table, cu_p, prefix, w_uk, w_uv)
     total_ms = bench(full)
     expand_ms = bench(lambda: module.expand_latent_prefix(cache, table, cu_p, prefix, w_uk, w_uv))
     attn_flops = heads * (chunk * prefix + chunk * chunk / 2) * 2 * (dn + dr + dv)

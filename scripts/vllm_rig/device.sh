@@ -8,7 +8,8 @@
 #                      then a smoke test: import vllm and its kernels, `from vllm import LLM`, load the plugins
 #   e2e                scripts/vllm_rig/e2e.py: mlagen's CUSTOM backend against TRITON_MLA and FLASHMLA (< 9 min;
 #                      E2E_BUDGET: seconds after which engines are not started, default 450; E2E_ONLY: models)
-#   throughput         scripts/vllm_rig/throughput.py (< 9 min)
+#   throughput         scripts/vllm_rig/throughput.py (< 9 min; THROUGHPUT_ARGS: its options, THROUGHPUT_TIMEOUT: seconds,
+#                      default 560)
 #   tp                 scripts/vllm_rig/tp.py: tensor parallelism on two GPUs (nvidia-h200-x2; TP_ARGS, TP_TIMEOUT)
 #   profile            scripts/vllm_rig/engine_profile.py: where the time goes, mlagen beside FLASHMLA (torch.profiler;
 #                      PROFILE_ARGS: its options, PROFILE_TIMEOUT: seconds, default 560)
@@ -121,7 +122,8 @@ for mode in "$@"; do
   install) install_rig 2>&1 | tee "$out/install.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   e2e) timeout 530 python3 scripts/vllm_rig/e2e.py --out "$out/e2e.json" --budget "${E2E_BUDGET:-450}" ${E2E_ONLY:+--only "$E2E_ONLY"} 2>&1 | tee "$out/e2e.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-  throughput) timeout 560 python3 scripts/vllm_rig/throughput.py --out "$out/throughput.json" 2>&1 \
+  throughput) timeout "${THROUGHPUT_TIMEOUT:-560}" python3 scripts/vllm_rig/throughput.py --out "$out/throughput.json" \
+    ${THROUGHPUT_ARGS:-} 2>&1 \
     | tee "$out/throughput.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   tp) timeout "${TP_TIMEOUT:-560}" python3 scripts/vllm_rig/tp.py --out "$out/tp.json" ${TP_ARGS:-} 2>&1 \
     | grep -v "^INFO\|^WARNING\|^(EngineCore\|^(Worker" | tee "$out/tp.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
