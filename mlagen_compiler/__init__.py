@@ -2,7 +2,7 @@
 
 Pipeline (one module per stage): spec -> plan (lower) -> render -> compile (write / import).
 `load(spec_or_path_or_name)` returns a spec's generated module from the content-addressed cache (cache.py),
-with the tuned configurations of the tuning databases (tuning.py) rendered in.
+with the tuned configurations of the tuning databases (tuning_db.py) rendered in.
 """
 
 from ._version import __version__

@@ -2,7 +2,7 @@
 
 The key is the sha256 of everything that decides the generated source: the spec's canonical JSON (so
 YAML key order, comments and whitespace do not matter), the templates' digest, the mlagen version, the
-triton version and the tuned configurations rendered in (see `tuning.py`). An entry is a directory
+triton version and the tuned configurations rendered in (see `tuning_db.py`). An entry is a directory
 
     <cache dir>/modules/<module name>-<key[:20]>/
         <module name>.py      the generated module
@@ -39,7 +39,7 @@ from .registry import resolve_spec
 from .render import templates_digest
 from .spec import MLASpec
 from .triton_support import triton_version
-from .tuning import tuned_for_spec
+from .tuning_db import tuned_for_spec
 
 __all__ = [
     "CACHE_DIR_ENV",

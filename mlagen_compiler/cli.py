@@ -38,7 +38,7 @@ TuningOption = Annotated[
 
 
 def _tuned(spec: MLASpec, which: str) -> dict[str, Any] | None:
-    from .tuning import default_db_paths, tuned_for_spec
+    from .tuning_db import default_db_paths, tuned_for_spec
 
     if which not in ("all", "shipped", "none"):
         raise UsageError(f"--tuning {which!r}: choose all, shipped or none")

@@ -2,8 +2,8 @@
 the cache and the tuning database.
 
 Registered on the main typer app by `cli.py` (kept apart so the core commands stay short); errors are
-one line with exit code 2 like every other command. The work itself is library code (`tuner.tune_specs`,
-`tuning.migrate_db`, `cache`); these commands parse arguments and print.
+one line with exit code 2 like every other command. The work itself is library code (`tuning_search.tune_specs`,
+`tuning_db.migrate_db`, `cache`); these commands parse arguments and print.
 """
 
 from __future__ import annotations
@@ -139,8 +139,8 @@ def tune_command(
     configuration is checked against the reference, then timed; the fastest wins, the default unless one
     beats it by over 1%. A kernel that several specs share is tuned once.
     """
-    from .tuner import default_jobs, parse_buckets, parse_cases, tune_specs
-    from .tuning import user_db_path
+    from .tuning_db import user_db_path
+    from .tuning_search import default_jobs, parse_buckets, parse_cases, tune_specs
 
     chosen = resolve_specs(specs or [], all_bundled, spec_dir)
     case_list = parse_cases(cases)
@@ -202,7 +202,7 @@ def migrate_command(
     """
     from .cli_common import check_spec_dirs
     from .registry import resolve_spec
-    from .tuning import migrate_db
+    from .tuning_db import migrate_db
 
     archs = {}
     for item in gpu_arch or []:
@@ -236,7 +236,7 @@ def env_command(spec_dir: SpecDirOption = None) -> None:
     from .knobs import knob_states
     from .registry import registered_specs, spec_dirs
     from .triton_support import triton_version
-    from .tuning import read_db, shipped_db_paths, user_db_path
+    from .tuning_db import read_db, shipped_db_paths, user_db_path
 
     _, gpu_text = _gpu_visible()
     states = knob_states()

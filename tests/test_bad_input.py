@@ -504,7 +504,7 @@ def test_a_tuning_database_entry_is_checked_where_it_is_read_and_where_it_is_ren
     is checked where it is rendered into a module (load names the tuned key)."""
     import json
 
-    from mlagen_compiler.tuning import TuningDBError, read_db, shipped_db_paths
+    from mlagen_compiler.tuning_db import TuningDBError, read_db, shipped_db_paths
 
     good = read_db(shipped_db_paths()[0])[0]
     path = tmp_path / "db.json"

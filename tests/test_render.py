@@ -10,7 +10,7 @@ from mlagen_compiler.compile import module_source
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.render import templates_digest
 from mlagen_compiler.spec import spec_from_dict
-from mlagen_compiler.tuning import shipped_db_paths, tuned_for_spec
+from mlagen_compiler.tuning_db import shipped_db_paths, tuned_for_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = {**SMALL_SPEC, "name": "render-me", "num_heads": 40, "q_lora_rank": 768}

@@ -1,4 +1,5 @@
-"""The autotuner behind `mlagen tune` (GPU only): benchmark each kernel's autotune space, keep the winners.
+"""The tuning search behind `mlagen tune` ("the tuner"; GPU only): benchmark each kernel's autotune space, keep
+the winners.
 
 Buckets tuned, per spec:
 - decode: every row-block bucket its batches reach with Sq = 1, 2, 4 query tokens per sequence, `m<block_m>`
@@ -44,7 +45,7 @@ from types import ModuleType
 from typing import Any
 
 from .launch_policy import DECODE_GLUON_BUCKET
-from .tuning import MARGIN, kernel_geometry, tuned_for_spec, write_db
+from .tuning_db import MARGIN, kernel_geometry, tuned_for_spec, write_db
 
 __all__ = [
     "CASES",
@@ -541,7 +542,7 @@ def tune_module(
 
 
 def entries_from_results(results: Sequence[BucketResult]) -> list[dict[str, Any]]:
-    """Tuning-database entries (see tuning.py) for the buckets that have a winner."""
+    """Tuning-database entries (see tuning_db.py) for the buckets that have a winner."""
     import torch
 
     from ._version import __version__
