@@ -32,7 +32,7 @@ from types import ModuleType
 from typing import Any
 
 from ._version import __version__
-from .compile import import_module_from_path, module_source
+from .module_file import import_module_from_path, module_source
 from .paths import CACHE_DIR_ENV, atomic_write_text, cache_dir
 from .plan import KernelPlan, lower
 from .registry import resolve_spec

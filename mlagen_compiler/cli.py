@@ -15,7 +15,7 @@ from ._version import __version__
 from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors
 from .cli_common import check_spec_dirs as _spec_dirs
 from .cli_common import resolve_specs as _specs
-from .compile import compile_spec, import_module_from_path
+from .module_file import compile_spec, import_module_from_path
 from .plan import emitted_kinds, lower
 from .registry import registered_specs, resolve_spec, spec_dirs
 from .spec import MLASpec, SpecError, json_schema

@@ -382,7 +382,7 @@ def _warm_up_one(task: WarmUpTask) -> tuple[WarmUpTask, str]:
     try:
         import torch
 
-        from .compile import import_module_from_path
+        from .module_file import import_module_from_path
 
         module = import_module_from_path(task.module_path)
         device = torch.device(task.device)
@@ -635,7 +635,7 @@ def tune_specs(
     named in buckets_wanted when given), warm up, check and time, merge the winners into `db_path`, and
     check that a module compiled from that database picks them. phase(name, steps) returns the progress
     callback of a phase; log prints a line."""
-    from .compile import compile_spec, import_module_from_path
+    from .module_file import compile_spec, import_module_from_path
 
     started = time.monotonic()
     shared: list[str] = []

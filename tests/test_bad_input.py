@@ -528,7 +528,7 @@ def test_a_spec_at_its_bounds_compiles_to_an_importable_module(tmp_path, capsys,
     """What spec.py promises: every spec it accepts compiles into a module that imports, its scale finite."""
     import math
 
-    from mlagen_compiler.compile import import_module_from_path
+    from mlagen_compiler.module_file import import_module_from_path
 
     path = spec_file(tmp_path, "edge.yaml", name="edge", **replace)
     code, _, err = run_main(capsys, "compile", str(path), "-o", str(tmp_path / "out"))

@@ -4,7 +4,7 @@ and imported by every generated module."""
 import pytest
 
 from mlagen_compiler import launch_policy as lp
-from mlagen_compiler.compile import module_source
+from mlagen_compiler.module_file import module_source
 from mlagen_compiler.spec import spec_from_dict
 
 GLUON_OK = dict(eligible=True, ineligible_reason="", gluon_error="", interpreting=False, capability=(9, 0))

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 import mlagen_compiler
 from mlagen_compiler import tuning_db
 from mlagen_compiler.cli import app
-from mlagen_compiler.compile import compile_spec, import_module_from_path, module_source
+from mlagen_compiler.module_file import compile_spec, import_module_from_path, module_source
 from mlagen_compiler.plan import lower
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import spec_from_dict
