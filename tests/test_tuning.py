@@ -559,7 +559,8 @@ def _fake_clock(module, bucket, inputs, config, **_):
 def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
     """The whole `mlagen tune` flow after the GPU check, on the CPU: real kernel runs checked against the
     reference, a fake clock instead of do_bench, database written and picked up, each kernel tuned once."""
-    from mlagen_compiler import cli_tools, tuning_search
+    from mlagen_compiler import tuning_search
+    from mlagen_compiler.cli import tuning as cli_tuning
 
     spec = spec_from_dict(PINNED)
     copy = spec_from_dict({**PINNED, "name": "tune-pinned-copy", "q_lora_rank": 64})  # the same kernels
@@ -570,7 +571,7 @@ def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
         return tuning_search.tune_specs([spec, copy], TINY_CASES, db_path=db, jobs=0, device=torch.device("cpu"))
 
     report = tune()
-    cli_tools.print_tune_report(report)
+    cli_tuning.print_tune_report(report)
     out = capsys.readouterr()
     assert report.ok, out.err
     entries = {(e["kernel"], e["bucket"]): e for e in read_db(db)}
@@ -598,7 +599,7 @@ def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
         ),
     )
     report = tune()
-    cli_tools.print_tune_report(report)
+    cli_tuning.print_tune_report(report)
     out = capsys.readouterr()
     assert not report.ok and "WRONG RESULTS: tune-pinned decode m16 (128, 4, 1)" in out.err
     assert "WRONG RESULTS: tune-pinned prefill causal (64, 128, 4, 1)" in out.err
@@ -689,7 +690,7 @@ def test_parse_buckets():
 
 
 def test_config_labels_name_what_each_number_is():
-    from mlagen_compiler.cli_tools import _config_text
+    from mlagen_compiler.cli.tuning import _config_text
 
     assert _config_text("decode", (32, 4, 3)) == "n32w4s3"
     assert _config_text("decode", (64, 168, 2), "gluon") == "n64r168s2"  # registers, not warps

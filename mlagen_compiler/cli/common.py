@@ -13,8 +13,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from .registry import registered_specs, resolve_spec
-from .spec import MLASpec, SpecError
+from ..registry import registered_specs, resolve_spec
+from ..spec import MLASpec, SpecError
 
 __all__ = [
     "AllOption",

@@ -26,7 +26,7 @@ def register(app: typer.Typer, one_line_errors: Callable, usage_error: type[Exce
         output: Annotated[Path | None, typer.Option("-o", "--output", help="YAML file to write (or stdout)")] = None,
     ) -> None:
         """Derive the MLA spec of a DeepSeek-V2/V3-style config (heads per rank, softmax scale with YaRN)."""
-        from .hf_config import read_hf_config, spec_from_config, spec_yaml
+        from ..integrations.hf_config import read_hf_config, spec_from_config, spec_yaml
 
         if output is not None and output.is_dir():
             raise usage_error(f"-o {output}: is a directory; name the YAML file to write")

@@ -10,15 +10,15 @@ from typing import Annotated, Any
 
 import typer
 
-from . import cli_tools
-from ._version import __version__
-from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors
-from .cli_common import check_spec_dirs as _spec_dirs
-from .cli_common import resolve_specs as _specs
-from .module_file import compile_spec, import_module_from_path
-from .plan import emitted_kinds, lower
-from .registry import registered_specs, resolve_spec, spec_dirs
-from .spec import MLASpec, SpecError, json_schema
+from .._version import __version__
+from ..module_file import compile_spec, import_module_from_path
+from ..plan import emitted_kinds, lower
+from ..registry import registered_specs, resolve_spec, spec_dirs
+from ..spec import MLASpec, SpecError, json_schema
+from . import tuning as _tuning_commands
+from .common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors
+from .common import check_spec_dirs as _spec_dirs
+from .common import resolve_specs as _specs
 
 app = typer.Typer(
     name="mlagen",
@@ -38,7 +38,7 @@ TuningOption = Annotated[
 
 
 def _tuned(spec: MLASpec, which: str) -> dict[str, Any] | None:
-    from .tuning_db import default_db_paths, tuned_for_spec
+    from ..tuning_db import default_db_paths, tuned_for_spec
 
     if which not in ("all", "shipped", "none"):
         raise UsageError(f"--tuning {which!r}: choose all, shipped or none")
@@ -59,7 +59,7 @@ def compile_command(
     """Validate, lower and render each spec into OUT_DIR/<name>.py (with its tuned configurations)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"-o {out_dir}: exists and is not a directory")
-    from .triton_support import triton_version, unsupported_message
+    from ..triton_support import triton_version, unsupported_message
 
     warning = unsupported_message(triton_version())
     if warning:
@@ -124,8 +124,8 @@ def verify_command(
     """
     from dataclasses import replace
 
-    from .options import options, set_options
-    from .verify import use_interpreter_if_no_gpu, verify_module
+    from ..options import options, set_options
+    from ..verify import use_interpreter_if_no_gpu, verify_module
 
     set_options(replace(options(), validate=True))  # index values checked on the GPU too
 
@@ -164,9 +164,9 @@ def verify_command(
         raise typer.Exit(1)
 
 
-cli_tools.register(app)  # tune, tuning, env, cache
+_tuning_commands.register(app)  # tune, tuning, env, cache
 
-from .integrations.cli import register as _register_hf  # noqa: E402  (spec-from-hf)
+from .spec_from_hf import register as _register_hf  # noqa: E402  (spec-from-hf)
 
 _register_hf(app, one_line_errors, UsageError)
 

@@ -18,8 +18,8 @@ from typing import Annotated, Any
 
 import typer
 
-from ._version import __version__
-from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors, resolve_specs
+from .._version import __version__
+from .common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors, resolve_specs
 
 __all__ = ["register"]
 
@@ -94,7 +94,7 @@ class _Progress:
 
 
 def _triton_line(version: str | None) -> str:
-    from .triton_support import TRITON_REQUIREMENT, TRITON_TESTED, triton_supported
+    from ..triton_support import TRITON_REQUIREMENT, TRITON_TESTED, triton_supported
 
     verdict = "inside" if triton_supported(version) else "OUTSIDE"
     tested = ", ".join(TRITON_TESTED)
@@ -139,8 +139,8 @@ def tune_command(
     configuration is checked against the reference, then timed; the fastest wins, the default unless one
     beats it by over 1%. A kernel that several specs share is tuned once.
     """
-    from .tuning_db import user_db_path
-    from .tuning_search import default_jobs, parse_buckets, parse_cases, tune_specs
+    from ..tuning_db import user_db_path
+    from ..tuning_search import default_jobs, parse_buckets, parse_cases, tune_specs
 
     chosen = resolve_specs(specs or [], all_bundled, spec_dir)
     case_list = parse_cases(cases)
@@ -200,9 +200,9 @@ def migrate_command(
 
     Nothing is re-measured: entries that land on one key (specs sharing a kernel) pool their measurements.
     """
-    from .cli_common import check_spec_dirs
-    from .registry import resolve_spec
-    from .tuning_db import migrate_db
+    from ..registry import resolve_spec
+    from ..tuning_db import migrate_db
+    from .common import check_spec_dirs
 
     archs = {}
     for item in gpu_arch or []:
@@ -232,11 +232,11 @@ def env_command(spec_dir: SpecDirOption = None) -> None:
     """Versions, GPU, cache directory, tuning databases and spec directories in use."""
     import torch
 
-    from .cache import cache_dir, directory_size, list_entries
-    from .knobs import knob_states
-    from .registry import registered_specs, spec_dirs
-    from .triton_support import triton_version
-    from .tuning_db import read_db, shipped_db_paths, user_db_path
+    from ..cache import cache_dir, directory_size, list_entries
+    from ..knobs import knob_states
+    from ..registry import registered_specs, spec_dirs
+    from ..triton_support import triton_version
+    from ..tuning_db import read_db, shipped_db_paths, user_db_path
 
     _, gpu_text = _gpu_visible()
     states = knob_states()
@@ -280,7 +280,7 @@ def env_command(spec_dir: SpecDirOption = None) -> None:
 
 def cache_info_command() -> None:
     """Where the cache is and what it holds (one line per cached module)."""
-    from .cache import cache_dir, directory_size, entry_is_intact, foreign_paths, list_entries
+    from ..cache import cache_dir, directory_size, entry_is_intact, foreign_paths, list_entries
 
     root = cache_dir()
     entries = list_entries(root)
@@ -302,7 +302,7 @@ def cache_info_command() -> None:
 
 def cache_clear_command() -> None:
     """Remove every cached module (the tuning database is kept)."""
-    from .cache import cache_dir, clear_cache, foreign_paths
+    from ..cache import cache_dir, clear_cache, foreign_paths
 
     root = cache_dir()
     removed = clear_cache(root)
