@@ -1,12 +1,11 @@
-"""What every `mlagen` command shares: one-line errors, spec arguments and their option types.
-
-`cli.py` (the pipeline commands) and `cli_tools.py` (tune, tuning, env, cache) both import from here, so
-neither has to import the other.
+"""What the `mlagen` command groups share: one-line errors, spec arguments and their option types, spec
+resolution, the GPU check. Every group's module imports from here, so none has to import another.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -24,6 +23,7 @@ __all__ = [
     "UsageError",
     "check_spec_dirs",
     "fail",
+    "gpu_visible",
     "one_line_errors",
     "resolve_specs",
 ]
@@ -60,6 +60,18 @@ def one_line_errors(func: F) -> F:
             fail(" | ".join(str(error).splitlines()) or type(error).__name__)
 
     return wrapper  # type: ignore[return-value]
+
+
+def gpu_visible() -> tuple[bool, str]:
+    """(usable for native kernels, description)."""
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False, "none used: TRITON_INTERPRET=1 (kernels run in Triton's CPU interpreter)"
+    if not torch.cuda.is_available():
+        return False, "none (torch.cuda.is_available() is False; kernels run in Triton's CPU interpreter)"
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return True, ", ".join(f"cuda:{i} {n}" for i, n in enumerate(names))
 
 
 def check_spec_dirs(dirs: list[Path] | None) -> list[Path]:
