@@ -187,10 +187,16 @@ def decode_sequence_runs(batch_size, num_parts, small_batch, *, tall_rows):
 PARTIALS_IN_DTYPE_MIN_ROWS = 16
 
 
-def decode_partials_in_dtype(backend, query_rows):
+#: what the partial rows of split sequences may be stored as (MLAGEN_DECODE_PARTIALS): the policy's choice, or
+#: float32, or the output's dtype
+DECODE_PARTIALS = ("auto", "float32", "dtype")
+
+
+def decode_partials_in_dtype(backend, query_rows, requested="auto"):
     """Whether split sequences' partial rows (normalised outputs of a run) are stored in the output's dtype
     instead of float32: half the bytes the split kernel writes and the merge reads back, but each partial row
-    then carries one rounding to the output's dtype before the merge.
+    then carries one rounding to the output's dtype before the merge. requested: "float32" or "dtype" decides
+    (MLAGEN_DECODE_PARTIALS: every backend's kernels take either form); "auto" is the rule below.
 
     The portable kernel with at least PARTIALS_IN_DTYPE_MIN_ROWS query rows: there the bytes show in the latency
     of small batches. Fewer rows: float32, FlashMLA's choice. With 16-bit partials FlashMLA's own dense-decoding
@@ -200,6 +206,10 @@ def decode_partials_in_dtype(backend, query_rows):
     2-byte pieces). Evidence: performance log, `decode_partials_in_dtype` (and "FlashMLA drop-in", "16-bit
     partial rows").
     """
+    if requested not in DECODE_PARTIALS:
+        raise _policy_error("MLAGEN_DECODE_PARTIALS", f"expected auto, float32 or dtype, got {requested!r}")
+    if requested != "auto":
+        return requested == "dtype"
     return backend == "triton" and query_rows >= PARTIALS_IN_DTYPE_MIN_ROWS
 
 
