@@ -21,6 +21,7 @@ __all__ = [
     "SpecArgs",
     "SpecDirOption",
     "UsageError",
+    "add_commands",
     "check_spec_dirs",
     "fail",
     "gpu_visible",
@@ -60,6 +61,21 @@ def one_line_errors(func: F) -> F:
             fail(" | ".join(str(error).splitlines()) or type(error).__name__)
 
     return wrapper  # type: ignore[return-value]
+
+
+def add_commands(
+    app: typer.Typer,
+    commands: dict[str, Callable[..., Any]],
+    groups: dict[str, tuple[str, dict[str, Callable[..., Any]]]] | None = None,
+) -> None:
+    """Add each command (name -> function) to `app`, its errors one line (one_line_errors), then each group
+    (name -> (help, {name: function})) as a command of sub-commands."""
+    for name, function in commands.items():
+        app.command(name)(one_line_errors(function))
+    for name, (help_text, members) in (groups or {}).items():
+        group = typer.Typer(help=help_text, no_args_is_help=True)
+        app.add_typer(group, name=name)
+        add_commands(group, members)
 
 
 def gpu_visible() -> tuple[bool, str]:

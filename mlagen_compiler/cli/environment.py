@@ -9,7 +9,7 @@ import sys
 import typer
 
 from .._version import __version__
-from .common import SpecDirOption, gpu_visible, one_line_errors
+from .common import SpecDirOption, add_commands, gpu_visible
 
 __all__ = ["register"]
 
@@ -108,8 +108,7 @@ def cache_clear_command() -> None:
 
 def register(app: typer.Typer) -> None:
     """Add env and cache (info, clear) to `app`."""
-    app.command("env")(one_line_errors(env_command))
-    cache_app = typer.Typer(help="The compile cache of generated modules (mlagen_compiler.load).", no_args_is_help=True)
-    app.add_typer(cache_app, name="cache")
-    cache_app.command("info")(one_line_errors(cache_info_command))
-    cache_app.command("clear")(one_line_errors(cache_clear_command))
+    cache_help = "The compile cache of generated modules (mlagen_compiler.load)."
+    add_commands(
+        app, {"env": env_command}, {"cache": (cache_help, {"info": cache_info_command, "clear": cache_clear_command})}
+    )

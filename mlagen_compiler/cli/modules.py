@@ -11,7 +11,7 @@ import typer
 from ..module_file import compile_spec, import_module_from_path
 from ..plan import emitted_kinds
 from ..spec import MLASpec
-from .common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors, resolve_specs
+from .common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, add_commands, resolve_specs
 
 __all__ = ["register"]
 
@@ -108,5 +108,4 @@ def verify_command(
 
 def register(app: typer.Typer) -> None:
     """Add compile and verify to `app`."""
-    app.command("compile")(one_line_errors(compile_command))
-    app.command("verify")(one_line_errors(verify_command))
+    add_commands(app, {"compile": compile_command, "verify": verify_command})

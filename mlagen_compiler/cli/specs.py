@@ -12,7 +12,7 @@ import typer
 from ..plan import emitted_kinds, lower
 from ..registry import registered_specs, resolve_spec, spec_dirs
 from ..spec import SpecError, json_schema
-from .common import SpecDirOption, UsageError, check_spec_dirs, one_line_errors
+from .common import SpecDirOption, UsageError, add_commands, check_spec_dirs
 
 __all__ = ["register"]
 
@@ -81,7 +81,7 @@ def spec_from_hf_command(
 
 def register(app: typer.Typer) -> None:
     """Add list, show, schema and spec-from-hf to `app`."""
-    app.command("list")(one_line_errors(list_command))
-    app.command("show")(one_line_errors(show_command))
-    app.command("schema")(one_line_errors(schema_command))
-    app.command("spec-from-hf")(one_line_errors(spec_from_hf_command))
+    add_commands(
+        app,
+        {"list": list_command, "show": show_command, "schema": schema_command, "spec-from-hf": spec_from_hf_command},
+    )

@@ -19,9 +19,9 @@ from .common import (
     SpecArgs,
     SpecDirOption,
     UsageError,
+    add_commands,
     check_spec_dirs,
     gpu_visible,
-    one_line_errors,
     resolve_specs,
 )
 
@@ -200,10 +200,8 @@ def migrate_command(
 
 def register(app: typer.Typer) -> None:
     """Add tune and tuning (migrate) to `app`."""
-    app.command("tune")(one_line_errors(tune_command))
-    tuning_app = typer.Typer(help="The tuning database (mlagen tune writes it).", no_args_is_help=True)
-    app.add_typer(tuning_app, name="tuning")
-    tuning_app.command("migrate")(one_line_errors(migrate_command))
+    tuning_help = "The tuning database (mlagen tune writes it)."
+    add_commands(app, {"tune": tune_command}, {"tuning": (tuning_help, {"migrate": migrate_command})})
 
 
 def _print_summary(results: list) -> None:
