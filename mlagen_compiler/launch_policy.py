@@ -216,9 +216,9 @@ def decode_partials_in_dtype(backend, query_rows, requested="auto"):
 def decode_keep_partials():
     """Whether the split kernels store partial rows with an L2 evict-last hint and the combine reads them
     evict-first: the cache blocks streamed after a partial row was written could otherwise push it out of
-    L2 before the combine reads it back. With the hints the split batches of the latency cases were faster
-    or level; the time saved is the split kernel's (its stores), not the combine's. Evidence: performance
-    log, `decode_keep_partials`.
+    L2 before the combine reads it back. With the hints the split batches of the latency cases were faster,
+    or level within the runs' spread; the time saved is the split kernel's (its stores), not the combine's.
+    Evidence: performance log, `decode_keep_partials`.
     """
     return True
 
@@ -466,9 +466,9 @@ COMBINE_SMALL_TILE = 512
 def combine_warps(tile, programs, sm_count):
     """Warps of a combine program for its (rows, columns) tile and a grid of `programs`: 2 for tiles of at most
     COMBINE_SMALL_TILE elements in a grid of more programs than SMs (more programs an SM, fewer waves), else 4.
-    2 warps were faster wherever a second wave was saved, level where there was none (a grid of fewer programs
-    than SMs); 8 warps and 1 were slower everywhere measured. The larger tiles of big batches keep the 4 warps
-    they were tuned with. Evidence: performance log, `combine_warps`.
+    2 warps were faster wherever a second wave was saved, level or slightly slower where there was none (a grid
+    of fewer programs than SMs); 8 warps and 1 were slower everywhere measured. The larger tiles of big batches
+    keep the 4 warps they were tuned with. Evidence: performance log, `combine_warps`.
     """
     rows, columns = tile
     return 2 if rows * columns <= COMBINE_SMALL_TILE and programs > sm_count else 4
