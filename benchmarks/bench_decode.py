@@ -45,7 +45,7 @@ from mlagen_compiler.cache_format import module_cache_format  # noqa: E402
 from mlagen_compiler.options import use_options  # noqa: E402
 from mlagen_compiler.reference import decode_paged_batched  # noqa: E402
 from mlagen_compiler.registry import resolve_spec  # noqa: E402
-from mlagen_compiler.tuning import tuned_for_spec  # noqa: E402
+from mlagen_compiler.tuning_db import tuned_for_spec  # noqa: E402
 from mlagen_compiler.verify import compare_with_lse, paged_block_table  # noqa: E402
 
 PAGE_SIZE = 64

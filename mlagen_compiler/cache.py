@@ -2,7 +2,7 @@
 
 The key is the sha256 of everything that decides the generated source: the spec's canonical JSON (so
 YAML key order, comments and whitespace do not matter), the templates' digest, the mlagen version, the
-triton version and the tuned configurations rendered in (see `tuning.py`). An entry is a directory
+triton version and the tuned configurations rendered in (see `tuning_db.py`). An entry is a directory
 
     <cache dir>/modules/<module name>-<key[:20]>/
         <module name>.py      the generated module
@@ -32,14 +32,14 @@ from types import ModuleType
 from typing import Any
 
 from ._version import __version__
-from .compile import import_module_from_path, module_source
+from .module_file import import_module_from_path, module_source
 from .paths import CACHE_DIR_ENV, atomic_write_text, cache_dir
 from .plan import KernelPlan, lower
 from .registry import resolve_spec
 from .render import templates_digest
 from .spec import MLASpec
 from .triton_support import triton_version
-from .tuning import tuned_for_spec
+from .tuning_db import tuned_for_spec
 
 __all__ = [
     "CACHE_DIR_ENV",

@@ -19,7 +19,7 @@ from pathlib import Path
 from .options import KNOBS, env_knob
 from .paths import CACHE_DIR_ENV
 from .registry import SPEC_PATH_ENV
-from .tuning import TUNING_DB_ENV, read_db
+from .tuning_db import TUNING_DB_ENV, read_db
 
 __all__ = ["KnobState", "knob_states", "readme_table"]
 

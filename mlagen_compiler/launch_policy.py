@@ -5,6 +5,9 @@ Plain Python on numbers (no torch, no triton, standard library only): unit-teste
 (tests/test_launch_policy.py) and imported by every generated module (with mlagen_compiler.runtime), whose
 wrappers only gather facts (shapes, strides, SM count, capability), call these functions and launch. Tables
 (autotune spaces, defaults, tuned configurations) come from the plan and are passed in as arguments.
+
+Each docstring states its rule; the measurements behind a rule are in docs/performance-log.md, section
+"Measurements behind the launch policy and the plan", under the function's name ("Evidence:" below).
 """
 
 # the environment variables a generated module reads, and their check, live in mlagen_compiler.options (the one
@@ -52,11 +55,9 @@ def select_decode_backend(
     an error); forcing "gluon" where it cannot run is an error naming why. eligible / ineligible_reason: the
     plan's geometry decision; gluon_error: '' or why the installed Triton's Gluon cannot be used; capability:
     (major, minor) of the CUDA device, or None off CUDA. "auto" also keeps the portable kernel when its knobs are given
-    (knobs_given) or the whole batch has at most latency_rows query rows (B * H * Sq): measured on the
-    H100 (S=8192, graph-replayed), B=1, H=16 ran 13.9 us portable against 21.9 us Gluon, B=8 47.7 Gluon
-    against 58.8 us; with the Gluon kernel's narrow form (2026-11-25) B=1 13.3 against 16.2, B=8 39.5 Gluon
-    against 58.8; with gluon_small_batch_schedule B=1 13.3-13.4 portable against 12.6-12.7 Gluon (bf16), and
-    15.5-15.6 against 16.2-21.6 with an fp8 cache: too close to move the rule.
+    (knobs_given) or the whole batch has at most latency_rows query rows (B * H * Sq): there the portable
+    kernel was first the faster one, and since the Gluon kernel's narrow form and gluon_small_batch_schedule the
+    two are too close to move the rule. Evidence: performance log, `select_decode_backend`.
     """
     if requested not in ("auto",) + DECODE_BACKENDS:
         raise _policy_error(name, f"expected auto, gluon or triton, got {requested!r}")
@@ -88,20 +89,11 @@ def decode_merge(requested, *, backend, batch_size, num_parts, narrow=0, name="m
     merge=, named by `name` in the error), or for "auto": "fused" for the Gluon backend with query rows as the
     MMAs' M (narrow = 0) where sequences average at most about five runs (num_parts <= 4 * batch), else "kernel".
 
-    Measured on the H100 (bf16, S=8192, 2026-11-22), fused against the combine launch. Gluon: H128 B32 (p66)
-    182 against 215 us, H64 B128 479 / 495, H32 B128 Sq2 479 / 496, H128 B128 553 / 570, Mistral-Small-4
-    264 / 268, H16 B128 452 / 447 (the one loss, 1.2%). Small batches lose: B1 H16 graph-replayed 43-51
-    against 14-22 us (a 128-run sequence merged up the tree by one program a level), the skewed B4 batch
-    84-104 against 54-68. The portable kernel's wide row blocks lose too (the merge adds registers to a
-    kernel at its limit): Mistral-Small-4 360 against 260 us, H64 B128 692 / 642.
-
-    Measured again on the H100 (2026-11-26, B128 lengths uniform in [S/2, 3S/2), two runs in one process each,
-    bench_decode.py --merges fused,kernel): rows as M keep the fused merge (H64 S8192 bf16 483.4 against 491.1
-    us, fp8 359.5 / 371.7; H128 B32 146.2 / 154.0); the narrow form (16 query rows) is faster with the combine
-    launch, bf16 H16 S8192 441.8-442.0 against 448.4-448.9 us, S4096 244.5-244.6 / 248.5-249.0, fp8 275.7-276.1 /
-    283.2-284.1 and 173.7-173.9 / 179.8-180.4; with equal lengths (no sequence split at S8192) it costs 0.3-0.6%
-    (bf16 413.7-413.9 against 412.6-412.8, fp8 237.2-237.5 / 235.8-236.1), at S32768 B64 it is level or ahead
-    (814.0-814.5 / 816.0-816.4, fp8 446.5-446.7 / 449.4-449.9).
+    Why: with rows as M the fused merge saves the combine launch on serving batches. Small batches whose
+    sequences hold many runs lose with it (a long sequence is merged up the tree by one program a level); so do
+    the portable kernel's wide row blocks (the merge adds registers to a kernel at its limit) and the narrow
+    form (the combine launch was faster on varied lengths, within a fraction of a percent on equal ones).
+    Evidence: performance log, `decode_merge`.
     """
     if requested == "auto":
         return "fused" if backend == "gluon" and not narrow and num_parts <= 4 * batch_size else "kernel"
@@ -159,13 +151,10 @@ def decode_num_parts(num_parts, *, sm_count, parts_per_sm, row_blocks, batch_siz
     align_runs (with batch_size): k runs per sequence instead, k * batch_size runs for the largest k whose
     programs fit one wave, where they keep at least ALIGNED_RUNS_MIN_OCCUPANCY of its slots busy. The
     runs split the batch's blocks equally, so with equal lengths each run is one piece of one sequence:
-    no run pays for a second query tile and partial result, and no sequence is split when k = 1. Measured
-    on the H100 (Gluon, bf16, S=8192, 2026-11-23; gluon_tune.py --parts), aligned against balanced
-    (SMs / row blocks): H16 B128 411-413 against 439-446 us, H64 B128 420 / 475, Mistral-Small-4 H32
-    B128 234-235 / 256, H16 B64 S32768 812-814 / 825-842 (k = 2), H128 B32 152 / 175-181 (k = 2); lengths
-    uniform in [S/2, 3S/2): H16 B128 455-465 / 455-464, H128 B32 177-186 / 175-184. Batches of more than a
-    wave keep the balanced count: whole sequences over two or four waves measured 539-564 against 556-561
-    us (H128 B128) and 1064 against 1031 (H128 B128 Sq2).
+    no run pays for a second query tile and partial result, and no sequence is split when k = 1. Aligned
+    runs were faster than the balanced count (SMs / row blocks) with equal lengths and level with varied ones.
+    Batches of more than a wave keep the balanced count (whole sequences over two or four waves were no
+    faster). Evidence: performance log, `decode_num_parts`.
     """
     if num_parts is None:
         slots = sm_count * parts_per_sm
@@ -186,13 +175,10 @@ def decode_sequence_runs(batch_size, num_parts, small_batch, *, tall_rows):
 
     Equal runs cut across the batch make the runs that straddle two sequences the slowest: they load a
     second query tile and write a second partial result, which costs most with tall rows (a 74 KB query
-    tile and 128 KB of fp32 partial rows at Dc 512). Measured on the H100 (2026-11-25, graph replay, bf16,
-    latency_probe.py --runs): lengths [4641, 45118, 1730, 1696] at H16 Sq4 (64 rows as M) 54.8-55.0 us
-    against 61.6-61.9, B8 H128 (equal lengths: the same runs) 65.1-66.1 against 65.3
-    (latency_runs_final_h100_2026-11-25.log). Left out, measured with a first version that searched for
-    per_part in a loop (latency_runs_h100_2026-11-25.log): the same batch at Sq1 (narrow form, 16 rows)
-    36.5-36.8 against 36.7-37.0, B8 H16 40.9-41.1 against 39.7-39.8, and the portable kernel (16-row
-    blocks; its runs grow by a block) at Sq4 124.2-124.5 against 117.9-118.9.
+    tile and 128 KB of fp32 partial rows at Dc 512). Runs kept inside sequences were faster on a skewed
+    small batch with tall rows and level on equal lengths; the narrow form (16 rows) and the portable kernel
+    (its runs grow by a block) gained nothing or lost, so they keep runs across sequences. Evidence:
+    performance log, `decode_sequence_runs`.
     """
     return tall_rows and 2 <= batch_size <= small_batch and num_parts >= batch_size
 
@@ -201,31 +187,38 @@ def decode_sequence_runs(batch_size, num_parts, small_batch, *, tall_rows):
 PARTIALS_IN_DTYPE_MIN_ROWS = 16
 
 
-def decode_partials_in_dtype(backend, query_rows):
+#: what the partial rows of split sequences may be stored as (MLAGEN_DECODE_PARTIALS): the policy's choice, or
+#: float32, or the output's dtype
+DECODE_PARTIALS = ("auto", "float32", "dtype")
+
+
+def decode_partials_in_dtype(backend, query_rows, requested="auto"):
     """Whether split sequences' partial rows (normalised outputs of a run) are stored in the output's dtype
     instead of float32: half the bytes the split kernel writes and the merge reads back, but each partial row
-    then carries one rounding to the output's dtype before the merge.
+    then carries one rounding to the output's dtype before the merge. requested: "float32" or "dtype" decides
+    (MLAGEN_DECODE_PARTIALS: every backend's kernels take either form); "auto" is the rule below.
 
     The portable kernel with at least PARTIALS_IN_DTYPE_MIN_ROWS query rows: there the bytes show in the latency
-    of small batches (B1 H16 S8192, graph replay: 11.3 us against 11.7-11.9 with float32 partials on the H200).
-    Fewer rows: float32, FlashMLA's choice. With 16-bit partials FlashMLA's own dense-decoding suite failed its
-    output tolerance at h_q 1 (one query row; b 1, s_k 4096, split into many runs): cosine difference 5.0-5.3e-6
-    against 5e-6. A statistic over so few elements needs the output rounded once, and float32 partials of a
-    few rows cost nothing measurable. The Gluon kernel: float32 (16-bit partials measured slower: its MMA
-    accumulator stores 2-byte pieces). Measurements: docs/performance-log.md ("16-bit partial rows",
-    "FlashMLA drop-in").
+    of small batches. Fewer rows: float32, FlashMLA's choice. With 16-bit partials FlashMLA's own dense-decoding
+    suite failed its output tolerance at h_q 1 (one query row; b 1, s_k 4096, split into many runs): a
+    statistic over so few elements needs the output rounded once, and float32 partials of a few rows cost
+    nothing measurable. The Gluon kernel: float32 (16-bit partials measured slower: its MMA accumulator stores
+    2-byte pieces). Evidence: performance log, `decode_partials_in_dtype` (and "FlashMLA drop-in", "16-bit
+    partial rows").
     """
+    if requested not in DECODE_PARTIALS:
+        raise _policy_error("MLAGEN_DECODE_PARTIALS", f"expected auto, float32 or dtype, got {requested!r}")
+    if requested != "auto":
+        return requested == "dtype"
     return backend == "triton" and query_rows >= PARTIALS_IN_DTYPE_MIN_ROWS
 
 
 def decode_keep_partials():
     """Whether the split kernels store partial rows with an L2 evict-last hint and the combine reads them
     evict-first: the cache blocks streamed after a partial row was written could otherwise push it out of
-    L2 before the combine reads it back. Measured on the H100 (2026-11-25, graph replay, bf16,
-    latency_probe.py --keep), with the hints against without: the skewed [4641, 45118, 1730, 1696] H16 Sq4
-    batch 51.2 / 51.2 against 52.9 / 52.7 us, Sq1 35.0 / 34.7 against 36.0 / 35.7, B8 H16 39.0 / 38.9 against
-    39.7 / 39.5, B8 H128 64.4 / 64.6 against 65.0 / 65.2, B1 H128 24.1 both, B1 H16 (portable) 11.5 / 11.5
-    against 11.3 / 11.5. The time saved is the split kernel's (its stores), not the combine's.
+    L2 before the combine reads it back. With the hints the split batches of the latency cases were faster,
+    or level within the runs' spread; the time saved is the split kernel's (its stores), not the combine's.
+    Evidence: performance log, `decode_keep_partials`.
     """
     return True
 
@@ -233,8 +226,8 @@ def decode_keep_partials():
 def decode_min_blocks_per_part(min_blocks_per_part, *, small, block_m, small_block_m, block_n, cost_table):
     """Fewest cache blocks per run: the caller's, else the plan's cost rule (cost_table[(block_m, block_n)]).
 
-    Short row blocks in the latency regime take one block a run (B=1, H=16 on the H100: 13.8 us at one
-    block a run, 15.4 us at two); tall blocks keep the cost rule (B=1, H=128: 38 us at 5, 63 us at 1).
+    Short row blocks in the latency regime take one block a run; tall blocks keep the cost rule (one block a
+    run was slower for them). Evidence: performance log, `decode_min_blocks_per_part`.
     """
     if min_blocks_per_part is None:
         fine = small and block_m == small_block_m
@@ -260,18 +253,10 @@ def gluon_small_batch_schedule(sm_count, *, narrow, batch_size, small_batch, min
     for a small batch (at most small_batch sequences) in the narrow form (narrow: its width, 0 where rows are
     the MMAs' M) runs as short as one block, on half the SMs with a 16-bit cache. Such a launch reads a
     16-bit cache no faster with more programs, and every run adds a partial result for the combine to read;
-    an fp8 cache keeps every SM (below).
+    an fp8 cache keeps every SM, its landing producer keeping one block in flight a program.
 
-    Measured on the H100 (bf16, 2026-11-25, graph-replayed; latency_probe.py --parts, bench_decode.py):
-    lengths [4641, 45118, 1730, 1696] H16 Sq1 36.4-36.7 us at 64-66 runs against 38.3-38.9 at 132 (combine
-    3.8 against 5.5), B8 H16 39.9-40.2 at 64 against 39.9 at 128, B1 H16 12.6-13.3 at 66 runs of one or two
-    blocks against 16.2 at 132 with the cost rule's five (26 runs). Left out: rows as M (Sq4 of that batch:
-    57.7 at 66 against 61.7, but B8 H128 and other compute-bound small batches need every SM), and an fp8
-    cache, whose landing producer keeps one block in flight a program (B8 H16 46.2 against 33.1 us, the
-    skewed batch 47.8 against 36.1). With an fp8 cache every SM, runs as short as one block (H100, 2026-11-26,
-    fp8, graph-replayed, latency_probe.py, latency_fp8_small_sweep_h100_2026-11-26.log): B8 H16 at bench_hf.py's
-    lengths (266-520) 16.4 us against 27.4 with the cost rule's five blocks, S2048 17.1 against 26.8, S8192
-    33.3 against 33.0-33.5 (128 runs of 8 blocks either way).
+    Left out: rows as M (compute-bound small batches need every SM). Evidence: performance log,
+    `gluon_small_batch_schedule`.
     """
     if narrow and batch_size <= small_batch:
         return (sm_count if fp8_cache else max(1, sm_count // 2)), 1
@@ -291,14 +276,9 @@ def gluon_short_blocks(*, narrow, batch_size, num_parts, small_batch, config_giv
     its stage after half the work, so more of the cache is in flight a program. An fp8 cache takes them where
     its rows are loaded by the converting warps (gluon_blocks chooses the landing ring first).
 
-    Measured on the H100 (bf16, 2026-11-25, graph-replayed, short against tuned blocks in turn, every result
-    checked; latency_probe.py --blocks): lengths [4641, 45118, 1730, 1696] H16 Sq4 (132 runs) 48.5-48.9 us
-    against 50.8-50.9, B1 H128 S8192 (66 runs) 22.8 against 24.0-24.2; but B8 H128 S8192 (64 runs, 8 a
-    sequence: runs of 16 blocks) 67.7-68.8 against 64.0, and H128 B128 (compute-bound, 2026-11-23) 32 x 4
-    657.9 against 549.9 us. The lengths are device data: runs a sequence are what the host knows of a run's
-    length. With an fp8 cache (2026-11-26, rows loaded by the converter; latency_probe.py --cache fp8 --blocks):
-    B1 H128 27.1-27.3 against 28.5-28.8, the Sq4 batch 44.2-44.6 against 46.1-46.3; B8 H128 72.8 against
-    65.1-66.0 (not taken: runs of 16 blocks).
+    Short blocks were faster for short runs (bf16 and fp8) and slower for long ones (runs of 16 blocks) and for
+    compute-bound batches. The lengths are device data: runs a sequence are what the host knows of a run's
+    length. Evidence: performance log, `gluon_short_blocks`.
     """
     return not narrow and batch_size <= small_batch and num_parts >= SHORT_BLOCK_RUNS * batch_size and not config_given
 
@@ -314,9 +294,8 @@ def gluon_long_blocks(
     boxes, one per page it spans), no configuration given, and long blocks that fit (long_block_n > 0: Dc <= 256
     beside 64 query rows; not Dc 512).
 
-    Measured on the H100 (2026-11-26, bf16 Dc 256 B128 S8192, every result checked; benchmarks/block_n_probe.py):
-    H128 (two row blocks) 305.8 us against 337.2 with the tuned 64-position blocks; with one row block (H64,
-    memory-bound) 246.0 against 243.7, so one row block keeps its blocks.
+    Long blocks were faster with two row blocks and slightly slower with one (memory-bound), so one row block
+    keeps its blocks. Evidence: performance log, `gluon_long_blocks`.
     """
     return (
         long_block_n > 0
@@ -336,11 +315,9 @@ def gluon_land_ring(*, query_rows, block_m, fp8_cache, page_size, block_n, ring_
     more slots fit beside the whole query tile (Dc 256), pages hold whole blocks, and no configuration is given.
     Otherwise one block lands at a time in the query tile's lower half where the query takes at most its upper
     half (the next block's boxes are then issued only once the block before has been converted out of the zone),
-    and a query that fills the tile has its blocks' rows loaded by the converting warps. Measured on the H100
-    (2026-11-26, fp8, Dc 256, B128 S8192, fp8_converter_variants.py; plan.LAND_RING_STAGES): Mistral-Small-4 (H32)
-    169.3-169.5 us with 2 slots against 175.9-177.3 in the query tile's lower half (bf16 241.4-242.0); 64 query
-    rows (H64) 184.0 against 237.2 landing apart in 32-position blocks (a form since dropped; bf16 243.6); 16 rows
-    (the narrow form) 151.7 against 152.5.
+    and a query that fills the tile has its blocks' rows loaded by the converting warps. The ring was faster
+    than landing in the query tile's lower half, and than landing apart in short blocks (a form since dropped);
+    level for the narrow form. Evidence: performance log, `gluon_land_ring` (and plan.LAND_RING_STAGES).
     """
     return fp8_cache and ring_slots > 1 and query_rows <= block_m and page_size >= block_n and not config_given
 
@@ -371,15 +348,11 @@ def gluon_blocks(
 
     Long blocks keep the cost rule's positions a run (fewest_blocks * block_n / long_block_n, rounded up). Short
     blocks (the latency regime's) count their own blocks: their runs are half as long in positions, as they were
-    measured (H100, 2026-11-26, graph-replayed, latency_probe.py --minblocks: B1 H128 S8192 21.3-21.4 us with the
-    plan's 5 short blocks a run against 24.5-24.7 with 10; lengths [4641, 45118, 1730, 1696] at H16 Sq4
-    43.5-43.9 against 43.9-44.2).
+    measured (faster than runs of the same positions).
 
     Not chosen: an fp8 cache's 32-position blocks landing in a zone of their own beside a query that fills the
-    tile (the landing ring does not fit at Dc 512). Measured on the H100 (2026-11-26, fp8, Dc 512, 64 query
-    rows, every result checked) against the rows loaded by the converting warps: B128 S8192 379.4 us against
-    317.1 (bf16 422.7), B32 150.2 against 116.7, B16 116.2 against 82.1 (fp8_converter_variants.py), lengths
-    [4641, 45118, 1730, 1696] at H16 Sq4 77.3-78.0 against 46.8 graph-replayed (latency_probe.py --landing).
+    tile (the landing ring does not fit at Dc 512): slower than the rows loaded by the converting warps at every
+    batch measured. Evidence: performance log, `gluon_blocks`.
     """
     block_n, registers, _ = config
     common = dict(fp8_cache=fp8_cache, config_given=config_given)
@@ -493,13 +466,9 @@ COMBINE_SMALL_TILE = 512
 def combine_warps(tile, programs, sm_count):
     """Warps of a combine program for its (rows, columns) tile and a grid of `programs`: 2 for tiles of at most
     COMBINE_SMALL_TILE elements in a grid of more programs than SMs (more programs an SM, fewer waves), else 4.
-    Measured on the H100 (bf16, 2026-11-25, graph-replayed, every result checked; gluon_timeline_probe.py /
-    combine_timeline_probe.py, variants combine_w1 / w2 / w8 of fp8_converter_variants.py, 2 warps against 4
-    in the same run): B8 H128 S8192 (tile (4, 128), 1024 programs) 57.0 / 57.0 us against 63.1-63.3; lengths
-    [4641, 45118, 1730, 1696] H16 Sq4 ((1, 64), 2048) 46.0-46.1 against 47.2-47.3, Sq1 ((2, 64), 256) 33.0-33.3
-    against 33.4-34.1; B8 H16 ((2, 64), 512) 36.8-36.9 against 37.5-37.6; but B1 H16 (portable split, (1, 64),
-    128 programs: no second wave to save) 10.3-10.4 against 10.1-10.3. 8 warps and 1 were slower everywhere
-    measured (Sq4 64.2 and 53.6). The larger tiles of big batches keep the 4 warps they were tuned with.
+    2 warps were faster wherever a second wave was saved, level or slightly slower where there was none (a grid
+    of fewer programs than SMs); 8 warps and 1 were slower everywhere measured. The larger tiles of big batches
+    keep the 4 warps they were tuned with. Evidence: performance log, `combine_warps`.
     """
     rows, columns = tile
     return 2 if rows * columns <= COMBINE_SMALL_TILE and programs > sm_count else 4
@@ -518,15 +487,9 @@ def combine_step_runs_for_warps(runs, tile, warps, programs, sm_count):
     decide how many programs an SM holds at once, and the waves of programs are the launch's time, even where
     a long sequence then takes one step more.
 
-    Measured on the H100 (bf16, 2026-11-26, graph-replayed, every result checked; latency_probe.py --steps
-    --step-scales 1,0.5 and --thread-steps, in turn twice): lengths [4641, 45118, 1730, 1696] H16 Sq4 ((1, 64),
-    2048 programs of 2 warps: 64 runs a step instead of 128) 45.2-45.8 us against 47.1-47.6 (combine 8.1-8.5
-    against 10.2-10.7), and 47.2-47.6 with 32 (--step-scales 1,0.25). In grids of about 4 programs an SM it
-    depends on the steps: B8 H16 ((2, 64), 512 programs, 8 runs a sequence: 32 runs a step, still one)
-    37.8-38.0 against 38.3-38.5, but B1 H128 ((2, 64), 512 programs, 66 runs: three steps instead of two)
-    22.5-22.8 against 21.9-22.3; the host does not know a sequence's runs (lengths are device data), so both
-    keep the tile's. B8 H128 ((4, 128), 1024 programs, 64 a thread already) 59.0-59.1 with half its runs
-    against 57.3-58.2.
+    In grids of about 4 programs an SM fewer runs a step pay or cost depending on the steps a sequence then
+    takes, which the host does not know (lengths are device data), so they keep the tile's. Evidence:
+    performance log, `combine_step_runs_for_warps`.
     """
     rows, columns = tile
     if programs < COMBINE_CROWDED_PROGRAMS_PER_SM * sm_count:
@@ -543,11 +506,7 @@ def combine_tile(batch_size, rows, dc, sm_count, tiles, small_batch=0, num_parts
     the num_parts runs (lengths [4641, 45118, 1730, 1696]: 101 of 119), and each step of a program is a
     round trip to memory. Among the tiles giving every SM one to COMBINE_MAX_PROGRAMS_PER_SM programs they
     take the largest whose step holds twice a sequence's share of the runs (2 * num_parts / batch_size),
-    else the one with the most runs a step. Measured on the H100 (2026-11-23, graph-replayed, Gluon split,
-    combine µs; latency_probe.py --tiles): that skewed batch at H16 Sq4 43 with (4, 128) (8 runs a step),
-    12 with (1, 64) (64 runs, 2048 programs); at Sq1 25 / 5.7; B8 H16 (16 runs a sequence) 4.5 with (2, 64)
-    (32 runs), 6.1 with (1, 64); B8 H128 (8 runs) 14.8 with (4, 128), 15.4 with (16, 128), 23.1 with
-    (2, 64) (4096 programs).
+    else the one with the most runs a step. Evidence: performance log, `combine_tile`.
     """
     ordered = sorted(tiles.items(), reverse=True)
 
@@ -583,9 +542,9 @@ def fp8_dots_in_float16(block_m, *, wgmma_min_block_m):
     """Whether the portable decode computes an fp8 cache's dots in float16 (else in the query's dtype).
 
     Row blocks under wgmma_min_block_m run on mma.sync, whose operands the kernel converts in registers:
-    e4m3 to float16 is one instruction per pair, to bfloat16 one more per value through float16 (measured
-    on the H100, H16 B128: 425 µs against 630). Warpgroup MMAs read an unconverted query from shared memory;
-    a float16 copy of it would live in registers (H128 B128: 5031 µs against 1782), so their dots keep the
-    query's dtype.
+    e4m3 to float16 is one instruction per pair, to bfloat16 one more per value through float16 (float16
+    measured faster). Warpgroup MMAs read an unconverted query from shared memory; a float16 copy of it would
+    live in registers (measured slower), so their dots keep the query's dtype. Evidence: performance log,
+    `fp8_dots_in_float16`.
     """
     return block_m < wgmma_min_block_m

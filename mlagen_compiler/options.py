@@ -71,6 +71,12 @@ class Options:
     decode_pdl: bool = _option(
         "MLAGEN_DECODE_PDL", ("0", "1"), "1", "combine launch as a programmatic dependent launch"
     )
+    decode_partials: str = _option(
+        "MLAGEN_DECODE_PARTIALS",
+        ("auto", "float32", "dtype"),
+        "auto",
+        "dtype of split sequences' partial rows (dtype: the output's; auto: the launch policy's)",
+    )
     decode_tma: bool = _option("MLAGEN_DECODE_TMA", ("0", "1"), "1", "decode cache tiles through TMA")
     prefill_tma: bool = _option("MLAGEN_PREFILL_TMA", ("0", "1"), "1", "prefill key/value tiles through TMA")
     direct_launch: bool = _option(

@@ -2,6 +2,9 @@
 
 Plain Python, no templates, no torch: everything a template prints comes from here, so the decisions
 (padding, tile shapes, the autotune space, the split-KV policy) can be unit-tested and read in one place.
+
+Comments state each constant's rule; where it was measured, the figures are in docs/performance-log.md,
+section "Measurements behind the launch policy and the plan", under the constant's name ("performance log").
 """
 
 from __future__ import annotations
@@ -71,11 +74,8 @@ COMBINE_TILES = ((16, 128), (8, 128), (4, 128), (2, 64), (1, 64))
 #: fp32 elements of partial output the combine kernel loads per step: small tiles (small batches, many
 #: runs per sequence) then load many runs at once, so the loads are in flight together. Tiles of at most
 #: COMBINE_WIDE_STEP_ROWS rows (small and skewed batches: a long sequence holds up to all the runs) load
-#: twice as many, up to COMBINE_MAX_STEP_RUNS runs; measured on the H100 (2026-11-25, graph replay, bf16,
-#: latency_probe.py --steps, latency_steps_h100_2026-11-25.log): B1 H16 (portable, 264 runs) 12.2 us against
-#: 13.3-13.5, lengths [4641, 45118, 1730, 1696] at Sq4 52.7-53.0 against 54.4-55.1 and at Sq1 35.9-36.1
-#: against 37.4, B8 H16 39.9-40.0 against 40.0-40.2; twice as many for every tile slowed B8 H128 (8 runs a
-#: sequence, a (4, 128) tile of 16 runs a step) to 68.3-69.4 against 64.8-65.7
+#: twice as many, up to COMBINE_MAX_STEP_RUNS runs (faster for small and skewed batches; twice as many for every
+#: tile slowed a batch of few runs a sequence). Evidence: performance log, `COMBINE_STEP_ELEMENTS`
 COMBINE_STEP_ELEMENTS = 4096
 COMBINE_WIDE_STEP_ROWS = 2
 COMBINE_MAX_STEP_RUNS = 128
@@ -179,8 +179,8 @@ class GluonDecodePlan:
     land_regs: int
     #: its converting warps (beside one warp that issues the TMA boxes): with the narrow form (below), whose
     #: softmax warpgroup holds a quarter of the accumulator, narrow_land_warps; else LAND_WIDE_WARPS where Dc <=
-    #: LAND_WIDE_WARPS_MAX_DC, 2 above (ptxas cannot fit 13 warps beside the 64-row accumulator at Dc 512). H100,
-    #: H16 B128 fp8 (2026-11-25): 4 warps 255 us, 2 warps 261
+    #: LAND_WIDE_WARPS_MAX_DC, 2 above (ptxas cannot fit 13 warps beside the 64-row accumulator at Dc 512); 4
+    #: measured faster (performance log, `GluonDecodePlan.land_warps`)
     land_warps: int
     narrow_land_warps: int
     #: its latent 64-column chunks per landing piece (one mbarrier handshake, read and converted together), and
@@ -235,9 +235,7 @@ def _gluon_smem_bytes(dc: int, dr: int, stages: int, block_m: int, block_n: int,
 
 
 #: fp8 cache, query rows filling the tile, the landing zone a buffer of its own beside it: latent chunks a landing
-#: piece. Measured on the H100 (2026-11-26, H64 B128 S8192 fp8 in 32-position blocks landing beside the query, a
-#: form since dropped, see launch_policy.gluon_blocks; bf16 425.1 us): 2 chunks 411.1 us, 4 chunks 397.1, 8
-#: chunks 467.8
+#: piece: 4, the fastest of 2, 4 and 8 (performance log, `LAND_FULL_QUERY_GROUP`)
 LAND_FULL_QUERY_GROUP = 4
 #: query rows the landing converter scales into float16 at a time where the query fills the tile: its warps' 80
 #: registers then hold a slice, not the whole 64-row query (which they spilled, offline SASS)
@@ -274,43 +272,33 @@ def _gluon_land_pieces(dc: int, group: int) -> tuple[int, int]:
 
 
 #: the landing producer's ring of its own (one row block of query rows): 16-bit stages beside it and the most fp8
-#: blocks landing at a time. Measured on the H100 (2026-11-26, Mistral-Small-4 H32 B128 S8192
-#: fp8, bf16 241.4-242.0 us, two runs in one process; fp8_converter_variants.py variants ring1..ring4, land4w):
-#: with 4 converting warps, 2 slots 169.3-169.5 us, 3 slots 170.1-170.9, 1 (the query tile's lower half, 2
-#: stages) 175.9-177.3; with 2 warps 176.4-176.6 / 177.5-178.5 / 181.9-182.3 (4 slots: 179.0). The same cases
-#: with every sequence on one sequence's pages (the cache in L2): bf16 148.4 us, fp8 with nothing converted
-#: (wrong output, timing only) 147.8: what is left beside the conversion is the warpgroups' own time. With 64 query
-#: rows (H64, the query filling the tile) 184.0 us with 2 slots, 185.1 with 3, against 237.2 landing apart in
-#: 32-position blocks (bf16 243.6).
+#: blocks landing at a time: 2 slots were the fastest of 1 to 4, with 4 converting warps and with 2, and with
+#: the query filling the tile. Evidence: performance log, `LAND_RING_STAGES`
 LAND_RING_STAGES = 2
 LAND_RING_MAX_SLOTS = 2
-#: converting warps of the landing producer with rows as the MMAs' M where Dc <= LAND_WIDE_WARPS_MAX_DC (see
-#: LAND_RING_STAGES: 169.3-169.5 us against 176.4-176.6 with 2 warps); 2 above, where ptxas cannot fit them
+#: converting warps of the landing producer with rows as the MMAs' M where Dc <= LAND_WIDE_WARPS_MAX_DC (faster
+#: than 2: performance log, `LAND_RING_STAGES`); 2 above, where ptxas cannot fit them
 LAND_WIDE_WARPS = 4
 LAND_WIDE_WARPS_MAX_DC = 256
-#: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide).
-#: Measured on the H100 (2026-11-25, narrow against rows padded to 64): H16 B128 S8192 fp8 263 against 312 us,
-#: bf16 412 / 418, the B8 / skewed latency cases 39.5 / 38.3 against 46.4 / 49.1 us replayed; 32 wide did not
-#: pay: Mistral-Small-4 (H32) fp8 217 against 183 us, bf16 246 / 242, H16 Sq2 bf16 419 / 420
+#: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide):
+#: faster than rows padded to 64 at 16 rows, bf16 and fp8; 32 wide did not pay. Evidence: performance log,
+#: `NARROW_ROWS`
 NARROW_ROWS = 16
 #: latent 64-column chunks the fp8 landing producer lands, reads and converts per mbarrier handshake (a power
-#: of two; Dc / 64 at most). Measured on the H100 (2026-11-25, fp8 H16 B128 S8192, bf16 412.9 us): 1 chunk
-#: 254.6-255.0 us, 2 chunks 247.5-248.2, 4 250.9, 8 292.9; Mistral-Small-4 (Dc 256) 182.6 / 182.1 / 207.8
+#: of two; Dc / 64 at most): 2 the fastest of 1 to 8 at Dc 512, level with 1 at Dc 256. Evidence: performance
+#: log, `LAND_GROUP`
 LAND_GROUP = 2
-#: short runs of small batches (launch_policy.gluon_short_blocks): 32-position blocks in a ring of 3. Measured
-#: on the H100 (2026-11-25, bf16, graph-replayed; gluon_timeline_probe.py, variants n32s3 / n32s4 + n32_combine
-#: of fp8_converter_variants.py): lengths [4641, 45118, 1730, 1696] H16 Sq4 47.5 / 47.9 us (3 / 4 stages)
-#: against 50.2 with 64-position blocks in a ring of 2, B1 H128 22.0 / 22.4 against 23.4-23.6
+#: short runs of small batches (launch_policy.gluon_short_blocks): 32-position blocks in a ring of 3 (faster
+#: than a ring of 4 and than 64-position blocks in a ring of 2). Evidence: performance log, `SMALL_BATCH_BLOCK_N`
 SMALL_BATCH_BLOCK_N = 32
 SMALL_BATCH_STAGES = 3
 #: two or more row blocks of query rows, a 16-bit cache (launch_policy.gluon_long_blocks): 128-position blocks in a
-#: ring of 2, where they fit. Measured on the H100 (2026-11-26, bf16 Dc 256 B128 S8192, pages of 128, the tuned
-#: 64 x 2 against 128 x 2 given as configurations; benchmarks/block_n_probe.py): H128 (two row blocks) 337.2 us
-#: against 305.8 (200 registers) / 315.6 (168); H64 (one row block, memory-bound) 243.7 against 246.0; with the
-#: cache in L2 (every sequence on the first one's pages) H64 151.5 against 140.4, H32 148.4 against 136.7
+#: ring of 2, where they fit (faster with two row blocks; one row block, memory-bound, keeps the tuned blocks).
+#: Evidence: performance log, `LONG_BLOCK_N`
 LONG_BLOCK_N = 128
 LONG_BLOCK_STAGES = 2
-#: most ring stages offered: past 4 a 64-position block is already > 10 us of transfers ahead
+#: most ring stages offered: past 4 a 64-position block's transfers are already far ahead of their use
+#: (performance log, `GLUON_MAX_STAGES`)
 GLUON_MAX_STAGES = 4
 #: registers of the second (P V) warpgroup offered to the tuner (setmaxnreg: multiples of 8; the softmax
 #: warpgroup gets what the second one and the producer leave, at most 256)
@@ -621,8 +609,8 @@ def _decode_space(
     over the shared-memory budget could never launch and is a PlanError.
     """
     budget = ARCH_BUDGETS[PLAN_ARCH]
-    # Pruned by an H100 sweep (2026-11-22): 16-token tiles only pay for mma.sync row blocks (< 64 rows),
-    # and 16 warps only where the accumulator needs them (a 1024-wide latent); elsewhere they always lost.
+    # Pruned by a sweep: 16-token tiles only pay for mma.sync row blocks (< 64 rows), and 16 warps only where
+    # the accumulator needs them (a 1024-wide latent); elsewhere they always lost (performance log, `_decode_space`).
     block_ns = _pinned((16, 32, 64, 128) if block_m < 64 else (32, 64, 128), tiles.block_n)
     warps = _pinned((4, 8, 16) if dc_pad >= 1024 else (4, 8), tiles.num_warps)
     stages = _pinned((1, 2, 3), tiles.num_stages)
@@ -643,20 +631,18 @@ def _decode_space(
     return tuple(sorted(out))
 
 
-#: untuned defaults per block_m, the best of a sweep on an H100 (2026-11-22, Dc 512 / 256, page 64);
-#: where a spec's space lacks them, the heuristic below picks
+#: untuned defaults per block_m, the best of a sweep on an H100 (Dc 512 / 256, page 64; performance log,
+#: `_MEASURED_DEFAULTS`); where a spec's space lacks them, the heuristic below picks
 _MEASURED_DEFAULTS = {16: TileConfig(32, 4, 3), 32: TileConfig(128, 4, 2), 64: TileConfig(64, 8, 2)}
-#: an fp8 cache (not measured on a GPU yet) keeps those, except where compiling for sm_90 offline (Triton
-#: 3.6's ptxas, 2026-11-22) showed 4 warps spill heavily on the converted tiles: at Dc 512, 32-row n128 w4 s2
-#: (which half-size stages make fit) got 32 registers and 9 KB of stack per thread, n64 w4 s2 2 KB, while
-#: n64 w8 s2 got 240 B (0 at Dc 256)
+#: an fp8 cache keeps those, except where compiling for sm_90 offline (Triton 3.6's ptxas) showed 4 warps
+#: spill heavily on the converted tiles: the 32-row block takes n64 w8 s2, which spilled least at Dc 512
+#: (performance log, `_FP8_DEFAULTS`)
 _FP8_DEFAULTS = {32: TileConfig(64, 8, 2)}
 
 
-#: the latency regime (see DecodePlan.small_batch_max); measured on an H100 (2026-11-22): B=1, H=16,
-#: S=8192 ran in 13.9 us graph-replayed with 64-token tiles, 8 warps, 1 stage and one block per run,
-#: against 19.8 us with the large-batch configuration; the skewed 4-sequence MTP case (H=16, Sq=4) ran in
-#: 105 us with four 16-row blocks against 153 us with one 64-row block
+#: the latency regime (see DecodePlan.small_batch_max): at most this many sequences run 64-token tiles, 8
+#: warps, 1 stage and one block per run in short row blocks, faster there than the large-batch configuration
+#: and than one tall row block. Evidence: performance log, `SMALL_BATCH_MAX`
 SMALL_BATCH_MAX = 8
 _SMALL_BATCH_DEFAULTS = {16: TileConfig(64, 8, 1)}
 

@@ -155,6 +155,6 @@ def render_module(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> str:
 
     tuned: optional {"decode": {"<arch>|<gpu name>|<bucket>": [block_n, num_warps, num_stages]}} rendered in
     as the module's recorded configurations (and "prefill": {"<arch>|<gpu name>|<causal or prefix>":
-    [block_m, block_n, num_warps, num_stages]}); see `tuning.tuned_for_spec`.
+    [block_m, block_n, num_warps, num_stages]}); see `tuning_db.tuned_for_spec`.
     """
     return _environment().get_template("module.py.jinja").render(**render_context(plan, tuned))

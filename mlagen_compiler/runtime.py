@@ -1227,7 +1227,7 @@ def get_decode_schedule(
         interpreting=m._INTERPRET,
     )
     sequence_runs = decode_sequence_runs(batch_size, num_parts, m.DECODE_SMALL_BATCH, tall_rows=tall_rows)
-    partial_dtype = m.DTYPE if decode_partials_in_dtype(chosen, rows) else torch.float32
+    partial_dtype = m.DTYPE if decode_partials_in_dtype(chosen, rows, _options().decode_partials) else torch.float32
     return m.DecodeSchedule(
         batch_size,
         seqlen_q,

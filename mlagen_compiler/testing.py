@@ -130,7 +130,7 @@ def load_target(target: str | Path) -> ModuleType:
     """A generated module: a `.py` file (generated or vendored) is imported as it is; anything else is a spec
     (YAML path or registered name) loaded through the compile cache (`mlagen_compiler.load`)."""
     from .cache import load
-    from .compile import import_module_from_path
+    from .module_file import import_module_from_path
 
     if str(target).endswith(".py"):
         path = Path(target)

@@ -504,7 +504,7 @@ def test_a_tuning_database_entry_is_checked_where_it_is_read_and_where_it_is_ren
     is checked where it is rendered into a module (load names the tuned key)."""
     import json
 
-    from mlagen_compiler.tuning import TuningDBError, read_db, shipped_db_paths
+    from mlagen_compiler.tuning_db import TuningDBError, read_db, shipped_db_paths
 
     good = read_db(shipped_db_paths()[0])[0]
     path = tmp_path / "db.json"
@@ -528,7 +528,7 @@ def test_a_spec_at_its_bounds_compiles_to_an_importable_module(tmp_path, capsys,
     """What spec.py promises: every spec it accepts compiles into a module that imports, its scale finite."""
     import math
 
-    from mlagen_compiler.compile import import_module_from_path
+    from mlagen_compiler.module_file import import_module_from_path
 
     path = spec_file(tmp_path, "edge.yaml", name="edge", **replace)
     code, _, err = run_main(capsys, "compile", str(path), "-o", str(tmp_path / "out"))

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 import mlagen_compiler
 from mlagen_compiler import cache
 from mlagen_compiler.cache import CacheIntegrityWarning, cache_key, cached_module_path, list_entries
-from mlagen_compiler.compile import import_module_from_path, module_source
+from mlagen_compiler.module_file import import_module_from_path, module_source
 from mlagen_compiler.spec import load_spec, spec_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,12 +82,11 @@ def test_miss_then_hit(cache_root):
     assert manifest["key"] == first.key and manifest["spec_hash"] == spec.content_hash()
 
 
-@pytest.mark.parametrize("tuning_db", [False, True], ids=["no-tuning-db", "shipped-tuning-db"])
-def test_load_lowers_the_spec_once(cache_root, monkeypatch, tuning_db):
+@pytest.mark.parametrize("shipped_db", [False, True], ids=["no-tuning-db", "shipped-tuning-db"])
+def test_load_lowers_the_spec_once(cache_root, monkeypatch, shipped_db):
     # the tuned entries are looked up and the module rendered for one plan, on a miss and on a hit
-    from mlagen_compiler import compile as compile_stage
+    from mlagen_compiler import module_file, tuning_db
     from mlagen_compiler import plan as plan_stage
-    from mlagen_compiler import tuning
 
     lowered = []
 
@@ -95,9 +94,9 @@ def test_load_lowers_the_spec_once(cache_root, monkeypatch, tuning_db):
         lowered.append(spec.name)
         return plan_stage.lower(spec)
 
-    for stage in (cache, compile_stage, tuning):
+    for stage in (cache, module_file, tuning_db):
         monkeypatch.setattr(stage, "lower", counting_lower)
-    dbs = tuning.shipped_db_paths() if tuning_db else []
+    dbs = tuning_db.shipped_db_paths() if shipped_db else []
     for built in (True, False):
         lowered.clear()
         module = cache.load(spec_from_dict(FIELDS), tuning_dbs=dbs)

@@ -5,7 +5,7 @@ import pytest
 from typer.testing import CliRunner
 
 from mlagen_compiler.cli import app
-from mlagen_compiler.compile import import_module_from_path
+from mlagen_compiler.module_file import import_module_from_path
 
 runner = CliRunner()
 

@@ -19,6 +19,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from mlagen_compiler import runtime
+from mlagen_compiler.options import use_options
 from mlagen_compiler.plan import lower_gluon_decode
 from mlagen_compiler.testing import DecodeProblem, assert_decode_matches_reference, decode_inputs
 from mlagen_compiler.verify import compare, decode_reference, make_decode_inputs
@@ -544,7 +545,8 @@ def test_partial_rows_in_either_dtype_with_or_without_l2_hints(
 ):
     """Split sequences' partial rows stored in float32 or in the output's dtype (decode_partials_in_dtype), with
     or without the L2 hints on their stores and loads (decode_keep_partials), both merges, against the
-    reference within the dtype's tolerance; the policies are overruled so that every backend runs each form."""
+    reference within the dtype's tolerance; the policies are overruled so that every backend runs each form (the
+    partial rows' dtype through MLAGEN_DECODE_PARTIALS's option)."""
     require_backend(build_module, device, backend)
     base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
     module = build_module(**{**base, "name": f"partials-{dtype}", "num_heads": 4, "page_size": 4, "dtype": dtype})
@@ -561,7 +563,7 @@ def test_partial_rows_in_either_dtype_with_or_without_l2_hints(
         nan_unused=True,
     )
     with (
-        patch.object(runtime, "decode_partials_in_dtype", lambda *args: in_dtype),
+        use_options(decode_partials="dtype" if in_dtype else "float32"),
         patch.object(runtime, "decode_keep_partials", lambda: keep),
     ):
         schedule = module.get_decode_schedule(3, 1, device, num_parts=6, min_blocks_per_part=1, backend=backend)

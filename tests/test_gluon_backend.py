@@ -16,7 +16,7 @@ import triton
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlagen_compiler.compile import module_source
+from mlagen_compiler.module_file import module_source
 from mlagen_compiler.options import Options, use_options
 from mlagen_compiler.plan import GLUON_VERIFIED_TRITON, lower, lower_gluon_decode
 from mlagen_compiler.registry import registered_specs, resolve_spec

@@ -4,7 +4,7 @@ and imported by every generated module."""
 import pytest
 
 from mlagen_compiler import launch_policy as lp
-from mlagen_compiler.compile import module_source
+from mlagen_compiler.module_file import module_source
 from mlagen_compiler.spec import spec_from_dict
 
 GLUON_OK = dict(eligible=True, ineligible_reason="", gluon_error="", interpreting=False, capability=(9, 0))
@@ -231,6 +231,12 @@ def test_partial_rows_in_the_output_dtype_for_the_portable_kernel_and_kept_in_l2
     assert lp.decode_partials_in_dtype("triton", 15) is False
     assert lp.decode_partials_in_dtype("triton", 1) is False
     assert lp.decode_partials_in_dtype("gluon", 16) is False  # its accumulator layout stores 2-byte pieces: slower
+    # MLAGEN_DECODE_PARTIALS: either form asked for, on either backend
+    assert lp.decode_partials_in_dtype("gluon", 16, "dtype") is True
+    assert lp.decode_partials_in_dtype("triton", 1024, "float32") is False
+    assert lp.decode_partials_in_dtype("triton", 1, "dtype") is True
+    with pytest.raises(ValueError, match="^MLAGEN_DECODE_PARTIALS: expected auto, float32 or dtype, got 'half'$"):
+        lp.decode_partials_in_dtype("triton", 16, "half")
     assert lp.decode_keep_partials() is True
 
 

@@ -6,11 +6,11 @@ import pytest
 from helpers import SMALL_SPEC
 
 from mlagen_compiler import __version__, render
-from mlagen_compiler.compile import module_source
+from mlagen_compiler.module_file import module_source
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.render import templates_digest
 from mlagen_compiler.spec import spec_from_dict
-from mlagen_compiler.tuning import shipped_db_paths, tuned_for_spec
+from mlagen_compiler.tuning_db import shipped_db_paths, tuned_for_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 SPEC = {**SMALL_SPEC, "name": "render-me", "num_heads": 40, "q_lora_rank": 768}
@@ -109,7 +109,7 @@ def test_every_kernel_kind_is_complete_and_emitted_as_the_table_says(tmp_path):
     """Each entry of the kind table names a template, a verify function and entry points that exist, and a
     module holds exactly the kinds its spec asks for plus those emitted for every spec."""
     from mlagen_compiler import verify
-    from mlagen_compiler.compile import import_module_from_path
+    from mlagen_compiler.module_file import import_module_from_path
     from mlagen_compiler.plan import KERNEL_KINDS, emitted_kinds, lower
     from mlagen_compiler.registry import resolve_kernel
     from mlagen_compiler.render import template_dir

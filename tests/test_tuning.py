@@ -15,13 +15,14 @@ from helpers import SMALL_SPEC
 from typer.testing import CliRunner
 
 import mlagen_compiler
-from mlagen_compiler import tuning
+from mlagen_compiler import tuning_db
 from mlagen_compiler.cli import app
-from mlagen_compiler.compile import compile_spec, import_module_from_path, module_source
+from mlagen_compiler.module_file import compile_spec, import_module_from_path, module_source
 from mlagen_compiler.plan import lower
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import spec_from_dict
-from mlagen_compiler.tuner import (
+from mlagen_compiler.tuning_db import TuningDBError, read_db, tuned_for_spec, write_db
+from mlagen_compiler.tuning_search import (
     CASE_SETS,
     CASES,
     BucketResult,
@@ -33,7 +34,6 @@ from mlagen_compiler.tuner import (
     parse_cases,
     prefill_buckets,
 )
-from mlagen_compiler.tuning import TuningDBError, read_db, tuned_for_spec, write_db
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = "NVIDIA H100 80GB HBM3"
@@ -43,11 +43,11 @@ FIELDS = {**SMALL_SPEC, "name": "tune-me"}
 def entry(spec, bucket="m16", config=(64, 4, 2), gpu=H100, triton=None, kernel="decode", arch="sm90", **extra):
     return {
         "kernel": kernel,
-        "geometry": tuning.kernel_geometry(kernel, spec),
+        "geometry": tuning_db.kernel_geometry(kernel, spec),
         "bucket": bucket,
         "arch": arch,
         "gpu": gpu,
-        "triton": triton or tuning.triton_version(),
+        "triton": triton or tuning_db.triton_version(),
         "config": list(config),
         "time_us": 10.0,
         **extra,
@@ -67,13 +67,13 @@ def test_round_trip_and_merge(tmp_path):
     write_db(db, [b, a])
     assert read_db(db) == [a, b]  # sorted by key
     text = db.read_text()
-    assert json.loads(text)["schema"] == tuning.SCHEMA_VERSION == 2
+    assert json.loads(text)["schema"] == tuning_db.SCHEMA_VERSION == 2
     write_db(db, [a, b])
     assert db.read_text() == text  # deterministic
     a2 = {**a, "config": [32, 8, 2], "time_us": 5.0}
     c = entry(spec, "m16", gpu="NVIDIA H200")
     write_db(db, [a2, c])  # replaces the same key, adds a new one, keeps the rest
-    assert read_db(db) == sorted([a2, b, c], key=tuning.entry_key)
+    assert read_db(db) == sorted([a2, b, c], key=tuning_db.entry_key)
     write_db(db, [c], merge=False)
     assert read_db(db) == [c]
     assert not list(tmp_path.glob("*.tmp")) and not list(tmp_path.glob(".db.json*"))
@@ -121,7 +121,7 @@ def test_concurrent_writers_keep_every_entry(tmp_path):
     worker = textwrap.dedent(
         """
         import sys
-        from mlagen_compiler.tuning import write_db
+        from mlagen_compiler.tuning_db import write_db
         i = int(sys.argv[2])
         entries = [{"kernel": "decode", "geometry": "g", "arch": "sm90", "gpu": f"gpu{i}", "triton": "3.6.0",
                     "bucket": f"m{j}", "config": [i, j, 1]} for j in range(20)]
@@ -137,14 +137,14 @@ def test_concurrent_writers_keep_every_entry(tmp_path):
 
 def test_geometry_keys_name_what_the_kernels_depend_on():
     spec = spec_from_dict(FIELDS)
-    assert tuning.kernel_geometry("decode", spec) == "dc64-dr16-page16-float16"
-    assert tuning.kernel_geometry("prefill", spec) == "dn32-dr16-dv32-float16"
+    assert tuning_db.kernel_geometry("decode", spec) == "dc64-dr16-page16-float16"
+    assert tuning_db.kernel_geometry("prefill", spec) == "dn32-dr16-dv32-float16"
     # what the decode kernel does not depend on leaves its key alone, and the other way round
     same_decode = {"name": "other", "num_heads": 3, "qk_nope_head_dim": 64, "v_head_dim": 16, "q_lora_rank": 96}
     other = spec_from_dict({**FIELDS, **same_decode, "softmax_scale": 0.5})
-    assert tuning.kernel_geometry("decode", other) == tuning.kernel_geometry("decode", spec)
-    assert tuning.kernel_geometry("prefill", spec_from_dict({**FIELDS, "page_size": 64, "kv_lora_rank": 128})) == (
-        tuning.kernel_geometry("prefill", spec)
+    assert tuning_db.kernel_geometry("decode", other) == tuning_db.kernel_geometry("decode", spec)
+    assert tuning_db.kernel_geometry("prefill", spec_from_dict({**FIELDS, "page_size": 64, "kv_lora_rank": 128})) == (
+        tuning_db.kernel_geometry("prefill", spec)
     )
     for field, value in (
         ("kv_lora_rank", 128),
@@ -154,23 +154,23 @@ def test_geometry_keys_name_what_the_kernels_depend_on():
         ("cache_dtype", "float8_e4m3fn"),
     ):
         changed = spec_from_dict({**FIELDS, field: value})
-        assert tuning.kernel_geometry("decode", changed) != tuning.kernel_geometry("decode", spec), field
+        assert tuning_db.kernel_geometry("decode", changed) != tuning_db.kernel_geometry("decode", spec), field
     # an fp8 cache has decode entries of its own; a 16-bit one keeps its key; prefill never reads the cache
     fp8 = spec_from_dict({**FIELDS, "cache_dtype": "float8_e4m3fn"})
-    assert tuning.kernel_geometry("decode", fp8) == "dc64-dr16-page16-float16-float8_e4m3fn"
-    assert tuning.kernel_geometry("decode", spec_from_dict({**FIELDS, "cache_dtype": "float16"})) == (
+    assert tuning_db.kernel_geometry("decode", fp8) == "dc64-dr16-page16-float16-float8_e4m3fn"
+    assert tuning_db.kernel_geometry("decode", spec_from_dict({**FIELDS, "cache_dtype": "float16"})) == (
         "dc64-dr16-page16-float16"
     )
-    assert tuning.kernel_geometry("prefill", fp8) == tuning.kernel_geometry("prefill", spec)
+    assert tuning_db.kernel_geometry("prefill", fp8) == tuning_db.kernel_geometry("prefill", spec)
     with pytest.raises(ValueError, match="kernel 'combine': no tuning key"):
-        tuning.kernel_geometry("combine", spec)
+        tuning_db.kernel_geometry("combine", spec)
 
 
 def test_selection_by_geometry_space_and_triton(tmp_path):
     spec = spec_from_dict(FIELDS)
     other = spec_from_dict({**FIELDS, "page_size": 32})
     m16 = space(spec, 16)
-    installed = tuning.triton_version()
+    installed = tuning_db.triton_version()
     entries = [
         entry(spec, "m16", m16[0]),
         entry(other, "m32", m16[1]),  # another geometry: ignored
@@ -199,7 +199,7 @@ def test_selection_by_geometry_space_and_triton(tmp_path):
     }
     assert tuned_for_spec(spec, []) == {}
     # a family-wide entry, where recorded, is the family's row
-    write_db(db, [entry(spec, "m16", m16[3], gpu=tuning.FAMILY_WIDE)])
+    write_db(db, [entry(spec, "m16", m16[3], gpu=tuning_db.FAMILY_WIDE)])
     assert tuned_for_spec(spec, [db])["decode"]["sm90|*|m16"] == list(m16[3])
     # a renamed spec with the same decode kernel gets the same table
     renamed = spec_from_dict({**FIELDS, "name": "renamed", "q_lora_rank": 96, "qk_nope_head_dim": 64})
@@ -222,32 +222,32 @@ def test_later_databases_override_earlier(tmp_path):
 
 def test_db_paths(monkeypatch, tmp_path):
     monkeypatch.setenv("MLAGEN_TUNING_DB", str(tmp_path / "mine.json"))
-    assert tuning.user_db_path() == tmp_path / "mine.json"
-    assert tuning.default_db_paths() == tuning.shipped_db_paths()  # the user database does not exist yet
+    assert tuning_db.user_db_path() == tmp_path / "mine.json"
+    assert tuning_db.default_db_paths() == tuning_db.shipped_db_paths()  # the user database does not exist yet
     write_db(tmp_path / "mine.json", [])
-    assert tuning.default_db_paths()[-1] == tmp_path / "mine.json"
+    assert tuning_db.default_db_paths()[-1] == tmp_path / "mine.json"
     monkeypatch.delenv("MLAGEN_TUNING_DB")
     monkeypatch.setenv("MLAGEN_CACHE_DIR", str(tmp_path / "cache"))
-    assert tuning.user_db_path() == tmp_path / "cache" / "tuning.json"
-    shipped = tuning.shipped_db_paths()
+    assert tuning_db.user_db_path() == tmp_path / "cache" / "tuning.json"
+    shipped = tuning_db.shipped_db_paths()
     assert ROOT / "tuning" / "h100.json" in shipped
     bundled = [resolve_spec(name) for name in registered_specs()]
     for path in shipped:
         for e in read_db(path):  # every shipped entry is still usable by a bundled spec
-            users = [s.name for s in bundled if tuning.select_entries(s, [e])]
+            users = [s.name for s in bundled if tuning_db.select_entries(s, [e])]
             assert users, f"{path}: {e['kernel']} {e['geometry']} {e['bucket']} {e['config']} fits no bundled spec"
 
 
 def test_bucket_names_agree_with_generated_module(build_module):
     module = build_module(**FIELDS, kernels=["decode", "prefill"])
     spec = spec_from_dict({**FIELDS, "kernels": ["decode", "prefill"]})
-    valid = tuning._valid_configs(spec)
+    valid = tuning_db._valid_configs(spec)
     names = {module.decode_bucket(m, small) for m in module.DECODE_SPACE for small in (False, True)}
     assert names == set(valid["decode"])
     for m, cfgs in module.DECODE_SPACE.items():
         for small in (False, True):
             assert valid["decode"][module.decode_bucket(m, small)] == {tuple(c) for c in cfgs}
-    assert set(valid["prefill"]) == set(tuning.PREFILL_BUCKETS) == {"causal", "prefix"}
+    assert set(valid["prefill"]) == set(tuning_db.PREFILL_BUCKETS) == {"causal", "prefix"}
     assert all(configs == {tuple(c) for c in module.PREFILL_SPACE} for configs in valid["prefill"].values())
 
 
@@ -329,7 +329,7 @@ def test_compile_cli_uses_shipped_database(tmp_path, monkeypatch):
     for which in ("shipped", "all", "none"):
         result = runner.invoke(app, ["compile", "deepseek-v3-tp8", "-o", str(tmp_path / which), "--tuning", which])
         assert result.exit_code == 0, result.output
-    shipped = tuned_for_spec(spec, tuning.shipped_db_paths())
+    shipped = tuned_for_spec(spec, tuning_db.shipped_db_paths())
     assert shipped["decode"]  # the shipped database has entries for this spec
     assert (tmp_path / "shipped" / "deepseek_v3_tp8.py").read_text() == module_source(spec, shipped)
     assert "'Some GPU'" in (tmp_path / "all" / "deepseek_v3_tp8.py").read_text()
@@ -393,9 +393,9 @@ def test_migration_derives_keys_from_the_named_specs_and_pools_shared_keys(tmp_p
     result = CliRunner().invoke(app, ["tuning", "migrate", str(v1), "-o", str(tmp_path / "v2.json")])
     assert result.exit_code == 0, result.output
     mistral, deepseek = read_db(tmp_path / "v2.json")
-    assert tuning.entry_key(mistral) == ("decode", "dc256-dr64-page64-bfloat16", "m32", "sm90", H100, "3.6.0")
+    assert tuning_db.entry_key(mistral) == ("decode", "dc256-dr64-page64-bfloat16", "m32", "sm90", H100, "3.6.0")
     assert mistral["config"] == [128, 4, 2]  # a key measured once keeps its configuration
-    assert tuning.entry_key(deepseek)[:4] == ("decode", "dc512-dr64-page64-bfloat16", "m16", "sm90")
+    assert tuning_db.entry_key(deepseek)[:4] == ("decode", "dc512-dr64-page64-bfloat16", "m16", "sm90")
     # geometric means: default sqrt(270 * 295) = 282.2 < other sqrt(285 * 286) = 285.5
     assert deepseek["config"] == list(default) and deepseek["time_us"] == round((270.0 * 295.0) ** 0.5, 2)
     assert [m["spec"] for m in deepseek["measured_with"]] == ["deepseek-v3-tp8", "deepseek-v2-lite"]
@@ -420,7 +420,7 @@ def test_migration_errors_name_the_entry(tmp_path, change, fragment):
         json.dumps({"schema": 1, "entries": [{**_v1_entry("deepseek-v3-tp8", "m16", (32, 4, 3), []), **change}]})
     )
     with pytest.raises(TuningDBError, match=fragment) as info:
-        tuning.migrate_db(v1)
+        tuning_db.migrate_db(v1)
     assert str(info.value).startswith(f"{v1}: entries[0]") and "\n" not in str(info.value)
     result = CliRunner().invoke(app, ["tuning", "migrate", str(v1), "--gpu-arch", "Mystery GPU 9000=sm90"])
     if "gpu" in change:  # the family given on the command line
@@ -510,7 +510,7 @@ def test_prefill_buckets_causal_and_prefix(build_module):
 def _result(default, times):
     results = [ConfigResult(cfg, "ok" if t is not None else "failed", {"c": t} if t else {}) for cfg, t in times]
     case = TuneCase("c", 16, 4096)
-    geometry = tuning.kernel_geometry("decode", spec_from_dict(FIELDS))
+    geometry = tuning_db.kernel_geometry("decode", spec_from_dict(FIELDS))
     return BucketResult("tune-me", 16, "decode", geometry, "m16", 1, "sm90", H100, "3.6.0", [case], default, results)
 
 
@@ -529,7 +529,7 @@ def test_entries_from_results_are_valid_db_entries(tmp_path):
     entries = entries_from_results([r, _result(d, [(d, None)])])  # the second has no winner: no entry
     assert len(entries) == 1
     e = entries[0]
-    assert tuning.entry_key(e) == ("decode", "dc64-dr16-page16-float16", "m16", "sm90", H100, "3.6.0")
+    assert tuning_db.entry_key(e) == ("decode", "dc64-dr16-page16-float16", "m16", "sm90", H100, "3.6.0")
     assert e["config"] == list(a) and e["time_us"] == 80.0 and e["default_time_us"] == 100.0
     assert e["measured_with"] == [{"spec": "tune-me", "num_heads": 16, "seqlen_q": 1}]
     assert e["candidates"][0] == [list(a), 80.0] and e["skipped"][0][:2] == [[128, 8, 1], "failed"]
@@ -559,25 +559,26 @@ def _fake_clock(module, bucket, inputs, config, **_):
 def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
     """The whole `mlagen tune` flow after the GPU check, on the CPU: real kernel runs checked against the
     reference, a fake clock instead of do_bench, database written and picked up, each kernel tuned once."""
-    from mlagen_compiler import cli_tools, tuner
+    from mlagen_compiler import tuning_search
+    from mlagen_compiler.cli import tuning as cli_tuning
 
     spec = spec_from_dict(PINNED)
     copy = spec_from_dict({**PINNED, "name": "tune-pinned-copy", "q_lora_rank": 64})  # the same kernels
-    monkeypatch.setattr(tuner, "time_config", _fake_clock)
+    monkeypatch.setattr(tuning_search, "time_config", _fake_clock)
     db = tmp_path / "db.json"
 
     def tune():
-        return tuner.tune_specs([spec, copy], TINY_CASES, db_path=db, jobs=0, device=torch.device("cpu"))
+        return tuning_search.tune_specs([spec, copy], TINY_CASES, db_path=db, jobs=0, device=torch.device("cpu"))
 
     report = tune()
-    cli_tools.print_tune_report(report)
+    cli_tuning.print_tune_report(report)
     out = capsys.readouterr()
     assert report.ok, out.err
     entries = {(e["kernel"], e["bucket"]): e for e in read_db(db)}
     assert set(entries) == {("decode", "m16"), ("decode", "m16-small"), ("prefill", "causal"), ("prefill", "prefix")}
     assert len(report.shared) == 4 and all("same kernel as tune-pinned" in line for line in report.shared)
     for (kernel, _), e in entries.items():
-        assert e["arch"] == e["gpu"] == "interpreter" and e["geometry"] == tuning.kernel_geometry(kernel, spec)
+        assert e["arch"] == e["gpu"] == "interpreter" and e["geometry"] == tuning_db.kernel_geometry(kernel, spec)
         assert e["measured_with"][0]["spec"] == "tune-pinned" and e["config"][-3] == 128 and e["time_us"] == 84.0
     decode_default = dataclasses.astuple(dict(lower(spec).decode.defaults)[16])
     small_default = dataclasses.astuple(dict(lower(spec).decode.small_batch_defaults)[16])
@@ -589,16 +590,16 @@ def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
     default_us = 100.0 - decode_default[0] / 8
     assert "tune-pinned" in out.out and f"{default_us / 84:.3f}x" in out.out and "wrote 4 entries" in out.out
     # a configuration giving wrong results is never chosen, and the run says so
-    real_check = tuner._check_config
+    real_check = tuning_search._check_config
     monkeypatch.setattr(
-        tuner,
+        tuning_search,
         "_check_config",
         lambda module, bucket, inputs, cfg, ref: (
             "bad" if cfg[-3] == 128 else real_check(module, bucket, inputs, cfg, ref)
         ),
     )
     report = tune()
-    cli_tools.print_tune_report(report)
+    cli_tuning.print_tune_report(report)
     out = capsys.readouterr()
     assert not report.ok and "WRONG RESULTS: tune-pinned decode m16 (128, 4, 1)" in out.err
     assert "WRONG RESULTS: tune-pinned prefill causal (64, 128, 4, 1)" in out.err
@@ -608,27 +609,27 @@ def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
 def test_tune_flow_fp8_cache_under_interpreter(tmp_path, monkeypatch):
     """`mlagen tune` of an fp8-cache spec: its decode runs on fp8 inputs with their kv_scale, checked against
     the dequantised reference, and lands under its own geometry key, beside the 16-bit spec's entries."""
-    from mlagen_compiler import tuner
+    from mlagen_compiler import tuning_search
 
     fields = {**PINNED, "name": "tune-fp8", "kernels": ["decode"]}
     fp8, plain = spec_from_dict({**fields, "cache_dtype": "float8_e4m3fn"}), spec_from_dict(fields)
-    monkeypatch.setattr(tuner, "time_config", _fake_clock)
+    monkeypatch.setattr(tuning_search, "time_config", _fake_clock)
     db = tmp_path / "db.json"
     for spec in (plain, fp8):
-        report = tuner.tune_specs([spec], TINY_CASES[:1], db_path=db, jobs=0, device=torch.device("cpu"))
+        report = tuning_search.tune_specs([spec], TINY_CASES[:1], db_path=db, jobs=0, device=torch.device("cpu"))
         assert report.ok
     geometries = sorted(e["geometry"] for e in read_db(db))
     assert geometries == ["dc64-dr16-page16-float16", "dc64-dr16-page16-float16-float8_e4m3fn"]
     for spec in (plain, fp8):  # each spec takes its own entries only
-        assert {e["geometry"] for e in tuning.select_entries(spec, read_db(db))} == {
-            tuning.kernel_geometry("decode", spec)
+        assert {e["geometry"] for e in tuning_db.select_entries(spec, read_db(db))} == {
+            tuning_db.kernel_geometry("decode", spec)
         }
     inputs = make_inputs(import_module_from_path(compile_spec(fp8, tmp_path)), [5, 9], 1, torch.Generator(), "cpu")
     assert inputs["kv_cache"].dtype == torch.float8_e4m3fn and inputs["kv_scale"].dtype == torch.float32
 
 
 def test_warm_up_compiles_in_worker_processes(tmp_path):
-    from mlagen_compiler.tuner import WarmUpTask, warm_up
+    from mlagen_compiler.tuning_search import WarmUpTask, warm_up
 
     module_path = compile_spec(spec_from_dict(PINNED), tmp_path)
     module = import_module_from_path(module_path)
@@ -677,7 +678,7 @@ def test_gluon_entries_reach_the_gluon_schedule(tmp_path, monkeypatch):
 
 
 def test_parse_buckets():
-    from mlagen_compiler.tuner import parse_buckets
+    from mlagen_compiler.tuning_search import parse_buckets
 
     assert parse_buckets("gluon, m16,m64-small,causal") == ["gluon", "m16", "m64-small", "causal"]
     bad_lists = (("m16,warp", "unknown bucket 'warp'"), (" , ", "no bucket given"), ("m", "unknown bucket 'm' "))
@@ -689,7 +690,7 @@ def test_parse_buckets():
 
 
 def test_config_labels_name_what_each_number_is():
-    from mlagen_compiler.cli_tools import _config_text
+    from mlagen_compiler.cli.tuning import _config_text
 
     assert _config_text("decode", (32, 4, 3)) == "n32w4s3"
     assert _config_text("decode", (64, 168, 2), "gluon") == "n64r168s2"  # registers, not warps

@@ -2,8 +2,7 @@
 benchmarks/flash_mla_dropin.sh, which runs --partials).
 
     python benchmarks/probes/latency_probe.py [--only NAME,...] [--cache bf16|fp8]
-        [--quick | --tiles | --parts | --runs | --steps [--step-scales 1,2,4] | --partials | --keep | --blocks
-         | --minblocks | --thread-steps | --landing | --merges | --configs]
+        [--quick | --parts | --partials | --minblocks | --merges | --configs]
 
 For each latency case (B1 H16, B1 H128, B8 H16, the skewed batch at Sq 4 and 1, all S8192 / page 64; a bf16
 cache, or an fp8 one of the same geometry with --cache fp8)
@@ -12,27 +11,15 @@ CUDA-graph replay median, each kernel's device time (torch profiler, eager calls
 fp32 reference: outputs are NaN-poisoned before the checked call and again before one replay of the timed
 graph, which is checked too. First the floor: replay time of graphs of one and of two empty kernels.
 
---runs: the Gluon kernel's default schedule with runs of one sequence each (SEQUENCE_RUNS; the launch
-policy's choice for small batches of tall rows, forced here either way) and with equal runs, in turn, twice.
-
---steps: auto's schedule with the combine tiles' runs a step as planned (plan.COMBINE_STEP_ELEMENTS) and 2
-and 4 times as many (fewer, wider steps: the policy may then pick another tile), in turn, twice;
---step-scales 1,0.5 sets the factors.
+A variant is chosen only through get_decode_schedule's arguments and the options in force
+(`mlagen_compiler.options.use_options`), never by patching the launch policy or the module.
 
 --partials: auto's schedule with the split sequences' partial rows in float32 and in the output's dtype
-(decode_partials_in_dtype, forced here either way), in turn, twice.
-
---keep: auto's schedule with the partial rows stored L2 evict-last and read back evict-first, and without
-those hints (decode_keep_partials, forced here either way), in turn, twice.
-
---blocks: the Gluon kernel's default schedule with 32-position cache blocks in a ring of 3 and with its tuned
-blocks and stages (gluon_short_blocks, forced here either way), in turn, twice.
+(`use_options(decode_partials=...)`, MLAGEN_DECODE_PARTIALS; the launch policy's rule is
+decode_partials_in_dtype), in turn, twice.
 
 --minblocks: the Gluon kernel's default schedule with the plan's fewest cache blocks a run and with 10 (with
 short blocks, the cost rule's positions a run), in turn, twice; then 3 and 8.
-
---thread-steps: auto's schedule with the combine's runs a step as combine_step_runs_for_warps sets them and
-as the tile's (the rule off), in turn, twice.
 
 --configs: the portable kernel's default schedule, then with block_n 32 / 64, 2 / 4 / 8 warps and 1 / 2 stages
 given (its runs as the schedule plans them for that block size), then runs of two 32-position blocks in 2 stages.
@@ -40,10 +27,13 @@ given (its runs as the schedule plans them for that block size), then runs of tw
 --merges: the Gluon kernel's default schedule with the combine launch and with the fused merge (the last run of
 a split sequence to finish merges it), in turn, twice.
 
---landing (with --cache fp8): the Gluon kernel's default schedule with the landing policy as it is (the landing
-ring where gluon_land_ring takes the launch; until 2026-11-26's thirteenth session also 32-position blocks landing
-apart, gluon_land_apart) and with it off (one block landing in the query tile's lower half, or rows loaded by the
-converter), in turn, twice.
+Dropped when the probe stopped patching the launch policy and the module (issue 42): --runs, --keep, --blocks,
+--thread-steps and --landing forced the answer of a launch-policy function (decode_sequence_runs,
+decode_keep_partials, gluon_short_blocks, combine_step_runs_for_warps, gluon_land_ring), --tiles and --steps
+replaced the module's DECODE_COMBINE_TILES. No option chooses those forms, and no job runs them; what they
+measured is in docs/performance-log.md ("Measurements behind the launch policy and the plan"), and the probe
+that ran them is `benchmarks/probes/latency_probe.py` of commit bb08393 (with the modules of commit e8e1617:
+later modules no longer hold the policy functions it patched).
 """
 
 from __future__ import annotations
@@ -52,9 +42,7 @@ import argparse
 import datetime
 import sys
 import tempfile
-from contextlib import nullcontext
 from pathlib import Path
-from unittest.mock import patch
 
 import torch
 import triton
@@ -75,6 +63,8 @@ from bench_decode import (  # noqa: E402
     time_graph,
     v3_spec,
 )
+
+from mlagen_compiler.options import use_options  # noqa: E402  (bench_decode puts the repository on the path)
 
 SKEWED = [4641, 45118, 1730, 1696]
 CASES = [
@@ -171,7 +161,6 @@ def run_case(
     gen: torch.Generator,
     sms: int,
     mode: str,
-    step_scales: tuple[float, ...] = (1, 2, 4),
     cache: str = "bf16",
 ) -> list[str]:
     module = module_for(case.spec, case.num_heads, tmp, cache)
@@ -189,16 +178,8 @@ def run_case(
             dict(backend="gluon", merge="kernel", num_parts=n, min_blocks_per_part=1)
             for n in sorted(set(slots + aligned))
         ]
-    elif mode == "runs":  # runs of one sequence each or equal runs, whatever decode_sequence_runs says
-        knobs_list = [dict(backend="gluon", merge="kernel", sequence_runs=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "partials":  # partial rows in float32 or in the output's dtype, whatever the policy says
-        knobs_list = [dict(partials=flag) for _ in range(2) for flag in (0, 1)]
-    elif mode == "keep":  # partial rows kept in L2 by cache hints or not, whatever the policy says
-        knobs_list = [dict(keep=flag) for _ in range(2) for flag in (0, 1)]
-    elif mode == "blocks":  # the Gluon kernel's short cache blocks or its tuned ones, whatever gluon_short_blocks says
-        knobs_list = [dict(backend="gluon", merge="kernel", short=flag) for _ in range(2) for flag in (1, 0)]
-    elif mode == "thread_steps":  # the combine's runs a step by combine_step_runs_for_warps, or the tile's
-        knobs_list = [dict(thread_steps=flag) for _ in range(2) for flag in (1, 0)]
+        knobs_list = [dict(partials=form) for _ in range(2) for form in ("float32", "dtype")]
     elif mode == "configs":  # the portable kernel's default schedule, then tile configurations given
         knobs_list = [dict(backend="triton", merge="kernel")] + [
             dict(backend="triton", merge="kernel", config=(block_n, warps, stages))
@@ -212,75 +193,16 @@ def run_case(
         ]
     elif mode == "merges":  # the Gluon kernel's default schedule with the combine launch or the fused merge
         knobs_list = [dict(backend="gluon", merge=merge) for _ in range(2) for merge in ("kernel", "fused")]
-    elif mode == "landing":  # the fp8 landing policy as it is, or off (the tuned blocks)
-        knobs_list = [dict(backend="gluon", merge="kernel", landing=flag) for _ in range(2) for flag in (1, 0)]
     elif mode == "minblocks":  # the Gluon kernel's default schedule with fewer or more cache blocks a run at least
         fewest = [m for _ in range(2) for m in (None, 10)] + [3, 8]
         knobs_list = [dict(backend="gluon", merge="kernel", min_blocks_per_part=m) for m in fewest]
-    elif mode == "steps":  # the combine's runs a step scaled, every tile (the launch policy chooses among them)
-        knobs_list = [dict(merge="kernel", step_scale=k) for _ in range(2) for k in step_scales]
-    elif mode == "tiles":  # auto's schedule with each combine tile; None: the launch policy's choice
-        knobs_list = [dict(merge="kernel", tile=tile) for tile in [None, *sorted(module.DECODE_COMBINE_TILES)]]
     for knobs in knobs_list:
         knobs = dict(knobs)
-        tile = knobs.pop("tile", None)
-        forced_runs = knobs.pop("sequence_runs", None)
-        forced_partials = knobs.pop("partials", None)
-        forced_keep = knobs.pop("keep", None)
-        forced_short = knobs.pop("short", None)
-        forced_thread_steps = knobs.pop("thread_steps", None)
-        landing = knobs.pop("landing", 1)
-        step_scale = knobs.pop("step_scale", 1)
+        partials = knobs.pop("partials", None)
+        chosen = {} if partials is None else {"decode_partials": partials}
         try:
-            tiles = module.DECODE_COMBINE_TILES
-            if tile is not None:
-                module.DECODE_COMBINE_TILES = {tile: tiles[tile]}
-            elif step_scale != 1:
-                module.DECODE_COMBINE_TILES = {t: max(1, int(runs * step_scale)) for t, runs in tiles.items()}
-            try:
-                forced = (
-                    nullcontext()
-                    if forced_runs is None
-                    else patch.object(
-                        module, "decode_sequence_runs", lambda *args, flag=bool(forced_runs), **kwargs: flag
-                    )
-                )
-                forced_dtype = (
-                    nullcontext()
-                    if forced_partials is None
-                    else patch.object(
-                        module, "decode_partials_in_dtype", lambda *args, flag=bool(forced_partials), **kwargs: flag
-                    )
-                )
-                forced_hints = (
-                    nullcontext()
-                    if forced_keep is None
-                    else patch.object(module, "decode_keep_partials", lambda flag=bool(forced_keep): flag)
-                )
-                forced_blocks = (
-                    nullcontext()
-                    if forced_short is None
-                    else patch.object(module, "gluon_short_blocks", lambda flag=bool(forced_short), **kwargs: flag)
-                )
-                tile_steps = (
-                    patch.object(module, "combine_step_runs_for_warps", lambda runs, *args: runs)
-                    if forced_thread_steps == 0
-                    else nullcontext()
-                )
-                landing_off = (
-                    nullcontext()
-                    if landing
-                    else patch.multiple(
-                        module,
-                        gluon_land_ring=lambda **kwargs: False,
-                        # (modules generated before 2026-11-26's thirteenth session)
-                        **({"gluon_land_apart": lambda **kwargs: False} if hasattr(module, "gluon_land_apart") else {}),
-                    )
-                )
-                with forced, forced_dtype, forced_hints, forced_blocks, tile_steps, landing_off:
-                    schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
-            finally:
-                module.DECODE_COMBINE_TILES = tiles
+            with use_options(**chosen):  # (the schedule records its partial rows' dtype when planned)
+                schedule = module.get_decode_schedule(batch, case.seqlen_q, q.device, **knobs)
         except ValueError as error:
             lines.append(f"{case.name} {knobs}: {error}")
             continue
@@ -310,8 +232,7 @@ def run_case(
             f"p{schedule.num_parts} mb{schedule.min_blocks_per_part}{' pdl' if schedule.pdl else ''}"
             f"{' sequence-runs' if schedule.sequence_runs else ''}"
             f"{f' land-slots {schedule.land_slots}' if kv_scale is not None else ''} "
-            f"tile {schedule.combine_tile}/{schedule.combine_runs}{'' if tile else ' (policy)'}"
-            f"{f' steps x{step_scale}' if step_scale != 1 else ''}"
+            f"tile {schedule.combine_tile}/{schedule.combine_runs}"
             f" partials {str(schedule.partial_dtype).removeprefix('torch.')}{' kept' if schedule.keep_partials else ''}"
         )
         kt = " ".join(f"{k}={v:.1f}" for k, v in times.items())
@@ -328,27 +249,15 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", default="")
     parser.add_argument("--quick", action="store_true", help="only each backend's default, PDL on and off")
-    parser.add_argument("--tiles", action="store_true", help="auto's schedule with every combine tile instead")
     parser.add_argument("--parts", action="store_true", help="the Gluon kernel at several run counts instead")
-    parser.add_argument("--runs", action="store_true", help="runs of one sequence each against equal runs")
-    parser.add_argument("--steps", action="store_true", help="the combine's runs a step as planned, x2 and x4")
-    parser.add_argument("--step-scales", default="1,2,4", help="--steps: the scales (e.g. 1,0.5)")
     parser.add_argument("--partials", action="store_true", help="partial rows in float32 against the output's dtype")
-    parser.add_argument("--keep", action="store_true", help="partial rows kept in L2 by cache hints or not")
-    parser.add_argument("--blocks", action="store_true", help="the Gluon kernel's short cache blocks or its tuned ones")
     parser.add_argument(
         "--minblocks", action="store_true", help="the Gluon kernel with the plan's, 10, 3, 8 blocks a run at least"
     )
-    parser.add_argument(
-        "--thread-steps", action="store_true", help="the combine's runs a step by combine_step_runs_for_warps or not"
-    )
     parser.add_argument("--cache", choices=("bf16", "fp8"), default="bf16", help="the latent cache's storage")
-    parser.add_argument("--landing", action="store_true", help="(fp8) the landing policy as it is, or off")
     parser.add_argument("--merges", action="store_true", help="the Gluon kernel's combine launch and fused merge")
     parser.add_argument("--configs", action="store_true", help="the portable kernel at every (block_n, warps, stages)")
     args = parser.parse_args()
-    if args.landing and args.cache != "fp8":
-        parser.error("--landing: the landing policy is an fp8 cache's; add --cache fp8")
     print(
         f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}, "
         f"{datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='minutes')}",
@@ -362,30 +271,9 @@ def main() -> int:
         for case in CASES:
             if args.only and not any(part in case.name for part in args.only.split(",")):
                 continue
-            mode = next(
-                (
-                    name
-                    for name in (
-                        "tiles",
-                        "parts",
-                        "quick",
-                        "runs",
-                        "steps",
-                        "partials",
-                        "keep",
-                        "blocks",
-                        "minblocks",
-                        "thread_steps",
-                        "landing",
-                        "merges",
-                        "configs",
-                    )
-                    if getattr(args, name)
-                ),
-                "",
-            )
-            step_scales = tuple(float(x) for x in args.step_scales.split(","))
-            lines += run_case(case, Path(tmp), gen, sms, mode, step_scales, args.cache)
+            modes = ("parts", "quick", "partials", "minblocks", "merges", "configs")
+            mode = next((name for name in modes if getattr(args, name)), "")
+            lines += run_case(case, Path(tmp), gen, sms, mode, args.cache)
             torch.cuda.empty_cache()
     failed = [line for line in lines if "FAIL" in line or "Error" in line]
     print(f"\n{len(lines)} rows, {len(failed)} failed")

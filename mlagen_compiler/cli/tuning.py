@@ -1,16 +1,11 @@
-"""`mlagen tune`, `mlagen tuning migrate`, `mlagen env` and `mlagen cache info|clear`: the commands around
-the cache and the tuning database.
+"""`mlagen tune` and `mlagen tuning migrate`: the tuning search on this GPU, and converting an old tuning database.
 
-Registered on the main typer app by `cli.py` (kept apart so the core commands stay short); errors are
-one line with exit code 2 like every other command. The work itself is library code (`tuner.tune_specs`,
-`tuning.migrate_db`, `cache`); these commands parse arguments and print.
+The work itself is library code (`tuning_search.tune_specs`, `tuning_db.migrate_db`); these commands parse
+arguments, show progress and print the report.
 """
 
 from __future__ import annotations
 
-import os
-import platform
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,22 +13,19 @@ from typing import Annotated, Any
 
 import typer
 
-from ._version import __version__
-from .cli_common import AllOption, SeedOption, SpecArgs, SpecDirOption, UsageError, one_line_errors, resolve_specs
+from .common import (
+    AllOption,
+    SeedOption,
+    SpecArgs,
+    SpecDirOption,
+    UsageError,
+    add_commands,
+    check_spec_dirs,
+    gpu_visible,
+    resolve_specs,
+)
 
-__all__ = ["register"]
-
-
-def _gpu_visible() -> tuple[bool, str]:
-    """(usable for native kernels, description)."""
-    import torch
-
-    if os.environ.get("TRITON_INTERPRET", "0") == "1":
-        return False, "none used: TRITON_INTERPRET=1 (kernels run in Triton's CPU interpreter)"
-    if not torch.cuda.is_available():
-        return False, "none (torch.cuda.is_available() is False; kernels run in Triton's CPU interpreter)"
-    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-    return True, ", ".join(f"cuda:{i} {n}" for i, n in enumerate(names))
+__all__ = ["print_tune_report", "register"]
 
 
 class _Progress:
@@ -93,14 +85,6 @@ class _Progress:
             self._bar.stop()
 
 
-def _triton_line(version: str | None) -> str:
-    from .triton_support import TRITON_REQUIREMENT, TRITON_TESTED, triton_supported
-
-    verdict = "inside" if triton_supported(version) else "OUTSIDE"
-    tested = ", ".join(TRITON_TESTED)
-    return f"{version or 'not installed'}  ({verdict} the supported range {TRITON_REQUIREMENT}; CI tests {tested})"
-
-
 def tune_command(
     specs: SpecArgs = None,
     all_bundled: AllOption = False,
@@ -139,13 +123,13 @@ def tune_command(
     configuration is checked against the reference, then timed; the fastest wins, the default unless one
     beats it by over 1%. A kernel that several specs share is tuned once.
     """
-    from .tuner import default_jobs, parse_buckets, parse_cases, tune_specs
-    from .tuning import user_db_path
+    from ..tuning_db import user_db_path
+    from ..tuning_search import default_jobs, parse_buckets, parse_cases, tune_specs
 
     chosen = resolve_specs(specs or [], all_bundled, spec_dir)
     case_list = parse_cases(cases)
     wanted = parse_buckets(buckets) if buckets is not None else None
-    on_gpu, gpu_text = _gpu_visible()
+    on_gpu, gpu_text = gpu_visible()
     if not on_gpu:
         raise UsageError(f"mlagen tune needs a CUDA GPU: {gpu_text}")
     import torch
@@ -200,9 +184,8 @@ def migrate_command(
 
     Nothing is re-measured: entries that land on one key (specs sharing a kernel) pool their measurements.
     """
-    from .cli_common import check_spec_dirs
-    from .registry import resolve_spec
-    from .tuning import migrate_db
+    from ..registry import resolve_spec
+    from ..tuning_db import migrate_db
 
     archs = {}
     for item in gpu_arch or []:
@@ -216,100 +199,9 @@ def migrate_command(
 
 
 def register(app: typer.Typer) -> None:
-    """Add tune, tuning, env and cache to `app`."""
-    app.command("tune")(one_line_errors(tune_command))
-    tuning_app = typer.Typer(help="The tuning database (mlagen tune writes it).", no_args_is_help=True)
-    app.add_typer(tuning_app, name="tuning")
-    tuning_app.command("migrate")(one_line_errors(migrate_command))
-    app.command("env")(one_line_errors(env_command))
-    cache_app = typer.Typer(help="The compile cache of generated modules (mlagen_compiler.load).", no_args_is_help=True)
-    app.add_typer(cache_app, name="cache")
-    cache_app.command("info")(one_line_errors(cache_info_command))
-    cache_app.command("clear")(one_line_errors(cache_clear_command))
-
-
-def env_command(spec_dir: SpecDirOption = None) -> None:
-    """Versions, GPU, cache directory, tuning databases and spec directories in use."""
-    import torch
-
-    from .cache import cache_dir, directory_size, list_entries
-    from .knobs import knob_states
-    from .registry import registered_specs, spec_dirs
-    from .triton_support import triton_version
-    from .tuning import read_db, shipped_db_paths, user_db_path
-
-    _, gpu_text = _gpu_visible()
-    states = knob_states()
-    root = cache_dir()
-    try:
-        entries = list_entries(root)
-        size = sum(directory_size(e.directory) for e in entries)
-        cache_text = f"{len(entries)} module(s), {size / 1024:.0f} KiB"
-    except OSError as error:  # (a cache dir that is a file: the knob's line below says so too)
-        cache_text = f"unusable: {error}"
-    rows = [
-        ("mlagen", __version__),
-        ("python", f"{platform.python_version()} ({sys.executable})"),
-        ("torch", torch.__version__),
-        ("triton", _triton_line(triton_version())),
-        ("gpu", gpu_text),
-        ("cache", f"{root}  ({cache_text}; MLAGEN_CACHE_DIR)"),
-    ]
-    for path in shipped_db_paths():
-        rows.append(("tuning (shipped)", f"{path}  ({len(read_db(path))} entries)"))
-    user = user_db_path()
-    try:
-        state = f"{len(read_db(user))} entries" if user.is_file() else "not created yet"
-    except (OSError, ValueError) as error:
-        state = f"unreadable: {' '.join(str(error).splitlines())}"
-    rows.append(("tuning (user)", f"{user}  ({state}; MLAGEN_TUNING_DB; `mlagen tune` writes here)"))
-    extra = list(spec_dir or [])
-    for directory in spec_dirs(extra):
-        rows.append(("spec dir", f"{directory}{'' if directory.is_dir() else '  (missing)'}"))
-    rows.append(("specs", f"{len(registered_specs(extra))} registered (mlagen list)"))
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        typer.echo(f"{key:<{width}}  {value}")
-    typer.echo("environment variables (value as set, or the default; INVALID: what is wrong):")
-    name_width = max(len(s.name) for s in states)
-    for s in states:
-        shown = s.value if s.value is not None else f"unset -> {s.effective}"
-        verdict = f"INVALID: {s.problem}" if s.problem else "ok"
-        typer.echo(f"  {s.name:<{name_width}}  {shown!s:<24} {verdict}" + (f"  ({s.meaning})" if s.meaning else ""))
-
-
-def cache_info_command() -> None:
-    """Where the cache is and what it holds (one line per cached module)."""
-    from .cache import cache_dir, directory_size, entry_is_intact, foreign_paths, list_entries
-
-    root = cache_dir()
-    entries = list_entries(root)
-    total = sum(directory_size(e.directory) for e in entries)
-    typer.echo(f"cache: {root}{'' if root.exists() else '  (not created yet)'}")
-    typer.echo(f"{len(entries)} module(s), {total / 1024:.0f} KiB")
-    if entries:
-        typer.echo(f"{'spec':<22} {'key':<14} {'mlagen':<8} {'triton':<8} {'created':<21} state")
-    for e in entries:
-        m = e.manifest
-        state = "ok" if entry_is_intact(e) else "damaged (rebuilt on next load)"
-        typer.echo(
-            f"{m.get('spec_name', e.directory.name):<22} {e.key[:12]:<14} {m.get('mlagen', '?'):<8} "
-            f"{m.get('triton', '?'):<8} {m.get('created', '?'):<21} {state}"
-        )
-    for path in foreign_paths(root):
-        typer.echo(f"not a cache entry (no manifest.json; left alone by `mlagen cache clear`): {path}")
-
-
-def cache_clear_command() -> None:
-    """Remove every cached module (the tuning database is kept)."""
-    from .cache import cache_dir, clear_cache, foreign_paths
-
-    root = cache_dir()
-    removed = clear_cache(root)
-    typer.echo(f"removed {removed} cached module(s) from {root}")
-    kept = foreign_paths(root)
-    if kept:
-        typer.echo(f"kept {len(kept)} path(s) that are not cache entries (no manifest.json), e.g. {kept[0]}")
+    """Add tune and tuning (migrate) to `app`."""
+    tuning_help = "The tuning database (mlagen tune writes it)."
+    add_commands(app, {"tune": tune_command}, {"tuning": (tuning_help, {"migrate": migrate_command})})
 
 
 def _print_summary(results: list) -> None:

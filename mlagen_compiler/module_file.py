@@ -1,7 +1,9 @@
-"""Stage 4 of the pipeline: turn a spec into a module file on disk and import it.
+"""Stage 4 of the pipeline, the generated module as a file: write it to disk, import it.
 
-`compile_spec` lowers, renders and writes `<out_dir>/<module_name>.py` atomically (temporary file in the
-same directory, then rename), so a reader never sees half a module.
+`compile_spec` (what `mlagen compile` runs) lowers, renders and writes `<out_dir>/<module_name>.py` atomically
+(temporary file in the same directory, then rename), so a reader never sees half a module; it never replaces a
+file mlagen did not generate. `import_module_from_path` imports a module file under a unique name. Nothing
+here compiles kernels: Triton does that at a kernel's first launch.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The autotuner behind `mlagen tune` (GPU only): benchmark each kernel's autotune space, keep the winners.
+"""The tuning search behind `mlagen tune` ("the tuner"; GPU only): benchmark each kernel's autotune space, keep
+the winners.
 
 Buckets tuned, per spec:
 - decode: every row-block bucket its batches reach with Sq = 1, 2, 4 query tokens per sequence, `m<block_m>`
@@ -44,7 +45,7 @@ from types import ModuleType
 from typing import Any
 
 from .launch_policy import DECODE_GLUON_BUCKET
-from .tuning import MARGIN, kernel_geometry, tuned_for_spec, write_db
+from .tuning_db import MARGIN, kernel_geometry, tuned_for_spec, write_db
 
 __all__ = [
     "CASES",
@@ -381,7 +382,7 @@ def _warm_up_one(task: WarmUpTask) -> tuple[WarmUpTask, str]:
     try:
         import torch
 
-        from .compile import import_module_from_path
+        from .module_file import import_module_from_path
 
         module = import_module_from_path(task.module_path)
         device = torch.device(task.device)
@@ -541,7 +542,7 @@ def tune_module(
 
 
 def entries_from_results(results: Sequence[BucketResult]) -> list[dict[str, Any]]:
-    """Tuning-database entries (see tuning.py) for the buckets that have a winner."""
+    """Tuning-database entries (see tuning_db.py) for the buckets that have a winner."""
     import torch
 
     from ._version import __version__
@@ -634,7 +635,7 @@ def tune_specs(
     named in buckets_wanted when given), warm up, check and time, merge the winners into `db_path`, and
     check that a module compiled from that database picks them. phase(name, steps) returns the progress
     callback of a phase; log prints a line."""
-    from .compile import compile_spec, import_module_from_path
+    from .module_file import compile_spec, import_module_from_path
 
     started = time.monotonic()
     shared: list[str] = []

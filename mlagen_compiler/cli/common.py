@@ -1,20 +1,19 @@
-"""What every `mlagen` command shares: one-line errors, spec arguments and their option types.
-
-`cli.py` (the pipeline commands) and `cli_tools.py` (tune, tuning, env, cache) both import from here, so
-neither has to import the other.
+"""What the `mlagen` command groups share: one-line errors, spec arguments and their option types, spec
+resolution, the GPU check. Every group's module imports from here, so none has to import another.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 
-from .registry import registered_specs, resolve_spec
-from .spec import MLASpec, SpecError
+from ..registry import registered_specs, resolve_spec
+from ..spec import MLASpec, SpecError
 
 __all__ = [
     "AllOption",
@@ -22,8 +21,10 @@ __all__ = [
     "SpecArgs",
     "SpecDirOption",
     "UsageError",
+    "add_commands",
     "check_spec_dirs",
     "fail",
+    "gpu_visible",
     "one_line_errors",
     "resolve_specs",
 ]
@@ -60,6 +61,33 @@ def one_line_errors(func: F) -> F:
             fail(" | ".join(str(error).splitlines()) or type(error).__name__)
 
     return wrapper  # type: ignore[return-value]
+
+
+def add_commands(
+    app: typer.Typer,
+    commands: dict[str, Callable[..., Any]],
+    groups: dict[str, tuple[str, dict[str, Callable[..., Any]]]] | None = None,
+) -> None:
+    """Add each command (name -> function) to `app`, its errors one line (one_line_errors), then each group
+    (name -> (help, {name: function})) as a command of sub-commands."""
+    for name, function in commands.items():
+        app.command(name)(one_line_errors(function))
+    for name, (help_text, members) in (groups or {}).items():
+        group = typer.Typer(help=help_text, no_args_is_help=True)
+        app.add_typer(group, name=name)
+        add_commands(group, members)
+
+
+def gpu_visible() -> tuple[bool, str]:
+    """(usable for native kernels, description)."""
+    import torch
+
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        return False, "none used: TRITON_INTERPRET=1 (kernels run in Triton's CPU interpreter)"
+    if not torch.cuda.is_available():
+        return False, "none (torch.cuda.is_available() is False; kernels run in Triton's CPU interpreter)"
+    names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return True, ", ".join(f"cuda:{i} {n}" for i, n in enumerate(names))
 
 
 def check_spec_dirs(dirs: list[Path] | None) -> list[Path]:
