@@ -28,8 +28,11 @@ COMMIT_VARIABLE = "MLAGEN_BENCH_COMMIT"
 
 
 def git_commit(root: Path = ROOT) -> str | None:
-    """The checked-out commit (12 hex digits), with "-dirty" when tracked files differ from it; else the value
-    of MLAGEN_BENCH_COMMIT; else None."""
+    """MLAGEN_BENCH_COMMIT when set (a device machine's copy of the tree can hold an older .git beside newer
+    files); else the checked-out commit (12 hex digits), with "-dirty" when tracked files differ from it; else
+    None."""
+    if os.environ.get(COMMIT_VARIABLE):
+        return os.environ[COMMIT_VARIABLE]
     try:
         head = subprocess.run(
             ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True
@@ -41,7 +44,7 @@ def git_commit(root: Path = ROOT) -> str | None:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get(COMMIT_VARIABLE) or None
+        return None
     return f"{head}-dirty" if dirty else head
 
 

@@ -113,14 +113,17 @@ def test_the_environment_names_the_commit_and_the_versions(tmp_path, monkeypatch
     import torch
     import triton
 
+    monkeypatch.delenv(harness.COMMIT_VARIABLE, raising=False)
     env = harness.environment(gpu="cpu")
     assert (env["gpu"], env["torch"], env["triton"]) == ("cpu", torch.__version__, triton.__version__)
     assert env["date"].endswith("+00:00")
     commit = harness.git_commit()
     assert commit is None or len(commit.removesuffix("-dirty")) == 12
-    # outside a git checkout (a device machine's copy of the tree) the variable names the commit
+    # the variable names the commit where it is set: outside a git checkout, and inside one (a device machine's
+    # copy of the tree can carry an older .git beside newer files)
     monkeypatch.setenv(harness.COMMIT_VARIABLE, "abc123")
     assert harness.git_commit(tmp_path) == "abc123"
+    assert harness.git_commit() == "abc123"
 
 
 def test_the_committed_results_log_is_well_formed():

@@ -472,16 +472,20 @@ def test_prefill_stays_vllms_only_where_its_choice_runs(world, model_dir, monkey
 @pytest.mark.parametrize("cache_dtype", ["auto", "fp8"])
 def test_warm_up_calls_every_entry_point_once_per_process(world, model_dir, monkeypatch, cache_dtype):
     """The engine-start warm-up (on a GPU the builder runs it; here called directly): decode at every batch size
-    and query length, cache writes at 1 / 16 / 17 tokens, prefill and chunked prefill; a second call does nothing."""
+    and query length, cache writes at 1 / 16 / 17 tokens, prefill and chunked prefill with host integers on both
+    sides of Triton's divisibility-by-16 specialisation; a second call does nothing."""
     rig = Rig(model_dir, block_size=4, cache_dtype=cache_dtype, lengths=[5], seed=3)
     module = rig.builder.module
     calls: dict[str, int] = {}
+    max_seqlens: dict[str, list[int]] = {}
 
     def counted(name: str):
         original = getattr(module, name)
 
         def counting(*args, **kwargs):
             calls[name] = calls.get(name, 0) + 1
+            if name in ("mla_prefill", "mla_chunked_prefill"):
+                max_seqlens.setdefault(name, []).append(args[5])
             return original(*args, **kwargs)
 
         return counting
@@ -491,7 +495,9 @@ def test_warm_up_calls_every_entry_point_once_per_process(world, model_dir, monk
     with set_current_vllm_config(rig.config):
         for _ in range(2):
             rig.layer.impl.warm_up(module, DEVICE, max_batch=2, seqlens_q=(1, 2), block_table_width=3)
-    assert calls == {"mla_decode": 4, "mla_cache_write": 3, "mla_prefill": 1, "mla_chunked_prefill": 1}
+    assert calls == {"mla_decode": 4, "mla_cache_write": 3, "mla_prefill": 2, "mla_chunked_prefill": 2}
+    for name, values in max_seqlens.items():
+        assert sorted(value % 16 == 0 for value in values) == [False, True], (name, values)
 
 
 def test_decode_lse_layout(world, model_dir):

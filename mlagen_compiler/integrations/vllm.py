@@ -73,7 +73,9 @@ except ImportError as error:  # the extra is not installed, or a vLLM whose inte
         f"(pip install 'mlagen[vllm]'): {error}"
     ) from None
 
-logger = init_logger(__name__)
+# under vLLM's root logger, so the lines land in vLLM's log with its format and level (a logger outside "vllm"
+# propagates to Python's root logger, which drops INFO: the warm-up lines never showed in vLLM's output)
+logger = init_logger(f"vllm.{__name__}")
 
 __all__ = [
     "BACKEND_NAME",
@@ -652,23 +654,28 @@ class MlagenImpl(MLACommonImpl[MlagenMetadata]):
 
     def _warm_up_prefill(self, module: ModuleType, randn: Any, paged: torch.Tensor, table: torch.Tensor,
                          kv_scale: torch.Tensor | None, device: torch.device) -> int:  # fmt: skip
-        """warm_up's prefill and chunked prefill: two new sequences, with and without a cached prefix."""
+        """warm_up's prefill and chunked prefill: two new sequences, with and without a cached prefix, once with
+        host integers (longest sequence, token and prefix-token counts) that are multiples of 16 and once with
+        ones that are not: Triton specialises a kernel on that, and a serving run meets both."""
         heads, dc, dr = self.num_heads, self.kv_lora_rank, self.qk_rope_head_dim
-        lengths = [5, 12]
-        num_tokens = sum(lengths)
-        q = randn(num_tokens, heads, self.qk_nope_head_dim + dr)
-        latent = randn(num_tokens, dc + dr)  # vLLM's k_pe is a view of the latent projection's rows
-        k_nope, k_pe, v = self._mha_keys(latent[:, :dc], latent[:, dc:].unsqueeze(1))
-        cu_seqlens = torch.tensor([0, lengths[0], num_tokens], device=device, dtype=torch.int32)
-        out = torch.empty(num_tokens, heads, self.v_head_dim, device=device, dtype=self.model_dtype)
-        module.mla_prefill(q, k_nope, k_pe, v, cu_seqlens, max(lengths), out=out)
         w_uk, w_uv = self._up_projections()
-        prefix_lens = torch.tensor([module.PAGE_SIZE + 3, 7], device=device, dtype=torch.int32)
-        module.mla_chunked_prefill(
-            q, k_nope, k_pe, v, cu_seqlens, max(lengths), paged, table[:2], prefix_lens, w_uk, w_uv,
-            kv_scale=kv_scale, out=out, num_prefix_tokens=module.PAGE_SIZE + 10,
-        )  # fmt: skip
-        return 2
+        page = module.PAGE_SIZE
+        calls = 0
+        for lengths, prefix_lens in (([5, 12], [page + 3, 7]), ([16, 32], [2 * page, 2 * page])):
+            num_tokens, num_prefix_tokens = sum(lengths), sum(prefix_lens)
+            q = randn(num_tokens, heads, self.qk_nope_head_dim + dr)
+            latent = randn(num_tokens, dc + dr)  # vLLM's k_pe is a view of the latent projection's rows
+            k_nope, k_pe, v = self._mha_keys(latent[:, :dc], latent[:, dc:].unsqueeze(1))
+            cu_seqlens = torch.tensor([0, lengths[0], num_tokens], device=device, dtype=torch.int32)
+            out = torch.empty(num_tokens, heads, self.v_head_dim, device=device, dtype=self.model_dtype)
+            module.mla_prefill(q, k_nope, k_pe, v, cu_seqlens, max(lengths), out=out)
+            module.mla_chunked_prefill(
+                q, k_nope, k_pe, v, cu_seqlens, max(lengths), paged, table[:2],
+                torch.tensor(prefix_lens, device=device, dtype=torch.int32), w_uk, w_uv,
+                kv_scale=kv_scale, out=out, num_prefix_tokens=num_prefix_tokens,
+            )  # fmt: skip
+            calls += 2
+        return calls
 
     def _up_projections(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_UK [H, Dn, Dc] and W_UV [H, Dv, Dc] of this layer in the model dtype (from kv_b_proj, once)."""

@@ -14,7 +14,9 @@ Graphs: FULL_DECODE_ONLY CUDA graphs without torch.compile for every backend (de
 serving; prefill runs eagerly for all three alike), capture sizes up to 128.
 
 Per engine, in order:
-  1. correctness: 8 of the prompts (truncated to 2048 tokens), 16 new tokens, logprobs=5, judged by e2e.py's rule
+  1. correctness: 8 of the prompts (truncated to 2048 tokens), 16 new tokens, logprobs=5 and prompt logprobs (the
+     rule judges prompt and generated tokens; without prompt logprobs every row failed "no prompt logprobs to
+     judge"), judged by e2e.py's rule
      (rig.OracleRule: as close to transformers' float32 forward as TRITON_MLA's engine of the same run), so each
      row is checked in the same run;
   2. prefill only: the 128 prompts with max_tokens=1 (wall time T1);
@@ -61,7 +63,7 @@ def run_engine(spec: rig.EngineSpec, model: Path, prompts: list[list[int]], new_
     llm, facts = rig.open_engine(spec, model)
     try:
         check_prompts = [p[:CHECK_LENGTH] for p in prompts[:CHECK_PROMPTS]]
-        check = rig.generate(llm, check_prompts, rig.sampling(CHECK_TOKENS, logprobs=5, prompt_logprobs=None))
+        check = rig.generate(llm, check_prompts, rig.sampling(CHECK_TOKENS, logprobs=5, prompt_logprobs=1))
         start = time.perf_counter()
         llm.generate([{"prompt_token_ids": p} for p in prompts], rig.sampling(1, None, None), use_tqdm=False)
         prefill_s = time.perf_counter() - start

@@ -30,6 +30,7 @@ import os
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,12 @@ def nccl_share(trace_dir: Path) -> dict[str, float]:
     return totals
 
 
-def tp_throughput(work: Path, prompts_count: int, new_tokens: int) -> list[dict[str, Any]]:
-    """Part 3: throughput.py's run at TP 2 for FLASHMLA and mlagen, and their NCCL share."""
+def tp_throughput(
+    work: Path, prompts_count: int, new_tokens: int, save: Callable[[list[dict[str, Any]]], None]
+) -> list[dict[str, Any]]:
+    """Part 3: throughput.py's run at TP 2 for FLASHMLA and mlagen, and their NCCL share. Each row is printed and
+    saved as soon as its timed run ends, before its profiled engine starts (a call that runs out of time keeps
+    the rows it finished)."""
     body = rig.Body(hidden=2048, vocab=4096, layers=8, max_positions=8192 + new_tokens + 64)
     model = rig.write_model(work / "dsv3-h32-8l", GEOMETRY, body, seed=0)
     rng = random.Random(3)
@@ -139,7 +144,15 @@ def tp_throughput(work: Path, prompts_count: int, new_tokens: int) -> list[dict[
         except Exception as error:
             rows.append({"label": label, "error": repr(error)[:400]})
             print(f"[tp] {label}: ERROR {error!r}"[:400], flush=True)
+            save(rows)
             continue
+        rows.append(row)
+        print(
+            f"[tp] {label}: {row['decode_tok_s']:.0f} decode tok/s, {row['output_tok_s']:.0f} output tok/s, TTFT "
+            f"median {row['ttft_median_ms']:.1f} ms, ITL median {row['itl_median_ms']:.2f} ms",
+            flush=True,
+        )
+        save(rows)
         try:  # a short profiled generate in an engine of its own (the profiler is configured at engine start)
             from vllm import LLM
 
@@ -157,13 +170,8 @@ def tp_throughput(work: Path, prompts_count: int, new_tokens: int) -> list[dict[
             row["gpu_time"] = nccl_share(trace_dir)
         except Exception as error:
             row["gpu_time"] = {"error": repr(error)[:300]}
-        rows.append(row)
-        print(
-            f"[tp] {label}: {row['decode_tok_s']:.0f} decode tok/s, {row['output_tok_s']:.0f} output tok/s, TTFT "
-            f"median {row['ttft_median_ms']:.1f} ms, ITL median {row['itl_median_ms']:.2f} ms; GPU time "
-            f"{row['gpu_time']}",
-            flush=True,
-        )
+        print(f"[tp] {label}: GPU time {row['gpu_time']}", flush=True)
+        save(rows)
     by_label = {r["label"]: r for r in rows if "decode_tok_s" in r}
     if len(by_label) == 2:
         ratio = by_label["mlagen tp2"]["decode_tok_s"] / by_label["FLASHMLA tp2"]["decode_tok_s"]
@@ -195,7 +203,11 @@ def main() -> int:
     result: dict[str, Any] = {} if args.skip_agreement else {"agreement": agreement(args.work, cache)}
     rig.write_json(args.out, result)
     if not args.skip_throughput:
-        result["throughput"] = tp_throughput(args.work, args.prompts, args.new_tokens)
+
+        def save(rows: list[dict[str, Any]]) -> None:
+            rig.write_json(args.out, result | {"throughput": rows})
+
+        result["throughput"] = tp_throughput(args.work, args.prompts, args.new_tokens, save)
     rig.write_json(args.out, result)
     print(f"[tp] {time.time() - t0:.0f} s", flush=True)
     rows = result.get("agreement", {}).get("rows", [])
