@@ -264,9 +264,11 @@ def test_traced_calls_say_what_cannot_be_traced(module):
         torch._dynamo.reset()
         return torch.compile(fn, fullgraph=True, backend="aot_eager")
 
-    with pytest.raises(Exception, match=r"ValueError\(\"schedule: expected a DecodeSchedule from this module's get_"):
+    # dynamo words the ValueError it met differently across torch releases (torch 2.11 on the GPU machine:
+    # "ValueError([ConstantVariable(str: '...')])"): the match is on the message
+    with pytest.raises(Exception, match=r"ValueError.{0,40}schedule: expected a DecodeSchedule from this module's"):
         compiled(lambda: module.mla_decode(q, kv, table, lengths, schedule="fused"))()
-    with pytest.raises(Exception, match=r"ValueError\('num_prefix_tokens: required under torch.compile \(sum\("):
+    with pytest.raises(Exception, match=r"ValueError.{0,40}num_prefix_tokens: required under torch.compile"):
         compiled(lambda: module.mla_chunked_prefill(*mha, kv, table, prefix, w_uk, w_uv))()
     schedule = module.get_decode_schedule(2, 2, DEVICE)
     handle = schedule._handle
@@ -312,5 +314,5 @@ def test_an_fp8_modules_scale_traces_as_a_number_or_a_tensor(build_module):
         assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
         assert torch.equal(compiled_kv.view(torch.uint8), eager_kv.view(torch.uint8))
         assert sum(module.ops.namespace in name for name in called) == 2
-    with pytest.raises(Exception, match=r"ValueError\(\"kv_scale: must be a finite number > 0 within float32's"):
+    with pytest.raises(Exception, match=r"ValueError.{0,40}kv_scale: must be a finite number > 0"):
         _ops_in_graph(step, kv.clone(), -1.0)
