@@ -131,4 +131,5 @@ def test_the_committed_results_log_is_well_formed():
     assert rows, "benchmarks/results/results.jsonl is empty"
     for row in rows:
         assert {"bench", "gpu", "date", "commit", "case", "figures"} <= row.keys(), row
-        assert row["bench"] in {"decode", "prefill"} and isinstance(row["figures"], dict)
+        jobs = {"decode", "prefill", "before_after", "vllm_e2e", "vllm_throughput", "vllm_tp_agreement"}
+        assert row["bench"] in jobs and isinstance(row["figures"], dict)
