@@ -1,4 +1,4 @@
-"""Decode benchmark: generated mla_decode vs PyTorch eager absorbed decode, on one GPU, in one process.
+"""Decode benchmark: generated mla_decode vs PyTorch eager absorbed decode (and FlashMLA), on one GPU, in one process.
 
 Measures the roofline first (device-to-device copy, bf16 8192^3 matmul), then for every case checks the
 generated kernel against an fp32 reference on the same random inputs and times it and the eager baseline
@@ -10,13 +10,21 @@ Every case runs with the spec's bf16 cache and with an fp8 (e4m3) cache of the s
 (`--caches`), the fp8 one checked against the reference on its dequantised cache; the table gives the fp8
 time over the bf16 time of the same backend and over the fastest bf16 backend.
 
+FlashMLA runs in the same process where a built one is importable (`--flash-mla`: a PATH holding the user's
+built `flash_mla` package, `vllm` for vLLM's build through `vllm.v1.attention.ops.flashmla`; default `auto`):
+on every case it can run (bf16 cache, Dc 512 / Dr 64, page 64, any head count) it is checked against the same
+fp32 reference first (not timed when wrong), then timed the same way (do_bench median, graph replay and back to
+back for the graph cases); its times and FlashMLA / mlagen (best of eager and graph replay each; above 1:
+mlagen is faster) go in the table, decode.json and the results-log rows. Absent, the run says so once and goes on.
+
     python benchmarks/bench_decode.py [--out DIR] [--quick] [--sweep] [--compare-default] [--caches bf16,fp8]
-        [--append benchmarks/results/results.jsonl]
+        [--flash-mla PATH|vllm|auto|none] [--append benchmarks/results/results.jsonl]
 
 --sweep times every configuration of the plan's autotune space on a few key cases (for tuning work);
 --compare-default also times the untuned default configuration beside the selected (tuned) one.
-Writes decode.json and decode.png into DIR (default: $OUT, else ./out) and prints a table last; --append adds
-one line per result to a results log (harness.py: GPU, date, commit, case, figures).
+Writes decode.json (after each row: a run stopped early keeps its rows, "complete": false) and decode.png into
+DIR (default: $OUT, else ./out) and prints a table last; --append adds one line per result to a results log as
+it is measured (harness.py: GPU, date, commit, case, figures).
 """
 
 from __future__ import annotations
@@ -24,12 +32,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import importlib
+import importlib.util
 import json
 import os
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import harness
 import torch
@@ -94,6 +107,10 @@ class Result:
     rel_err: float = 0.0
     passed: bool = True
     extra: dict = field(default_factory=dict)
+    #: FlashMLA in the same run (`flash_mla_figures`: us, graph_us, stream_us, max_err, rel_err, passed, detail,
+    #: source), None where it did not run; vs_flash_mla: its best time over mlagen's (above 1: mlagen is faster)
+    flash_mla: dict | None = None
+    vs_flash_mla: float | None = None
 
 
 def lengths(batch: int, seqlen: int, varlen: bool, gen: torch.Generator) -> list[int]:
@@ -173,21 +190,21 @@ def v3_spec(num_heads: int) -> str:
     return f"deepseek-v3-tp{128 // num_heads}"
 
 
-def make_inputs(module, seqlens: list[int], seqlen_q: int, gen: torch.Generator):
+def make_inputs(module, seqlens: list[int], seqlen_q: int, gen: torch.Generator, device="cuda"):
     """Random bf16 data (never zeros) and a shuffled page table with every page distinct: (q, kv, table,
-    lens, kv_scale). An fp8 cache holds bf16 latent rows quantised with kv_scale = max |value| / 448 (a
-    float32 tensor on the GPU, as serving engines keep per-layer scales); kv_scale is None for bf16."""
+    lens, kv_scale), on `device`. An fp8 cache holds bf16 latent rows quantised with kv_scale = max |value| / 448
+    (a float32 tensor on the GPU, as serving engines keep per-layer scales); kv_scale is None for bf16."""
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     batch = len(seqlens)
     table, num_pages = paged_block_table(seqlens, PAGE_SIZE, gen)
-    kv = torch.randn(num_pages, PAGE_SIZE, 1, width, dtype=torch.bfloat16, device="cuda")
+    kv = torch.randn(num_pages, PAGE_SIZE, 1, width, dtype=torch.bfloat16, device=device)
     kv_scale = None
     fmt = module_cache_format(module)
     if fmt.scaled:
         kv_scale = (kv.abs().amax().float() / fmt.max_abs).reshape(1)
         kv = fmt.quantize(kv, kv_scale)
-    q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, dtype=torch.bfloat16, device="cuda")
-    return q, kv, table.cuda(), torch.tensor(seqlens, dtype=torch.int32, device="cuda"), kv_scale
+    q = torch.randn(batch, seqlen_q, module.NUM_HEADS, width, dtype=torch.bfloat16, device=device)
+    return q, kv, table.to(device), torch.tensor(seqlens, dtype=torch.int32, device=device), kv_scale
 
 
 def bytes_and_flops(module, seqlens, seqlen_q):
@@ -217,7 +234,7 @@ def checked_call(module, call, inputs, max_len, out, lse, replayed=False) -> str
     out.fill_(float("nan"))
     lse.fill_(float("nan"))
     call()
-    torch.cuda.synchronize()
+    _sync(out)
     _, _, msg = check(module, q, kv, table, lens, out, lse, max_len, kv_scale)
     return f"{'graph replay: ' if replayed else ''}{msg}" if msg else ""
 
@@ -266,6 +283,219 @@ def time_stream(fn) -> float:
     return median_ms(calls) / 20
 
 
+# ---- FlashMLA in the same run ----------------------------------------------------------------------------------
+@dataclass
+class FlashMLA:
+    """A built FlashMLA's dense decode API: the user's build, loaded by `load_flash_mla` (mlagen holds none of its
+    code). Both generations of the API take the calls made here, `get_mla_metadata(cache_seqlens,
+    num_q_tokens_per_head_k, num_heads_k)` then `flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens,
+    head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale=, causal=)`: the 2025 one plans its tile
+    scheduler metadata there; the current one ignores those arguments, returns an empty schedule (and None for
+    num_splits) that its first decode call fills, as mlagen's schedule is planned once outside the timed calls."""
+
+    source: str
+    get_mla_metadata: Callable[..., Any]
+    flash_mla_with_kvcache: Callable[..., Any]
+
+
+#: where --flash-mla looks by default: an importable `flash_mla`, else vLLM's build of FlashMLA where vLLM imports
+FLASH_MLA_CHOICES = "PATH (a folder holding a built flash_mla package), vllm, auto or none"
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200] if text else ''}"
+
+
+def _import_flash_mla(path: Path | None) -> tuple[FlashMLA | None, str]:
+    """The `flash_mla` package from `path` (a folder holding it, or the package folder itself), else the one
+    Python finds; (None, why) when there is none or it does not import."""
+    where = ""
+    if path is not None:
+        path = path.expanduser().resolve()
+        if path.name == "flash_mla" and (path / "__init__.py").is_file():
+            path = path.parent
+        if not (path / "flash_mla" / "__init__.py").is_file():
+            return None, f"{path} holds no flash_mla package (give the folder that holds the built flash_mla/)"
+        for name in [n for n in sys.modules if n == "flash_mla" or n.startswith("flash_mla.")]:
+            del sys.modules[name]  # this path's build, not one imported earlier from elsewhere
+        sys.path.insert(0, str(path))  # also for its extension where it sits beside the package (older builds)
+        where = f" from {path}"
+    try:
+        package = importlib.import_module("flash_mla")
+    except Exception as error:  # noqa: BLE001 - an unbuilt checkout, a build for another torch or GPU
+        return None, f"flash_mla{where} does not import ({_first_line(error)})"
+    missing = [name for name in ("get_mla_metadata", "flash_mla_with_kvcache") if not hasattr(package, name)]
+    if missing:
+        return None, f"flash_mla{where} has no {', '.join(missing)}"
+    source = f"flash_mla {getattr(package, '__version__', '?')} from {Path(package.__file__).parent}"
+    return FlashMLA(source, package.get_mla_metadata, package.flash_mla_with_kvcache), ""
+
+
+def _vllm_flash_mla() -> tuple[FlashMLA | None, str]:
+    """vLLM's build of FlashMLA (`vllm._flashmla_C`) through its wrapper `vllm.v1.attention.ops.flashmla`."""
+    try:
+        import vllm
+
+        ops = importlib.import_module("vllm.v1.attention.ops.flashmla")
+    except Exception as error:  # noqa: BLE001
+        return None, f"vLLM's FlashMLA does not import ({_first_line(error)})"
+    version = getattr(vllm, "__version__", "?")
+    supported, why = ops.is_flashmla_dense_supported()
+    if not supported:
+        return None, f"vLLM {version}'s FlashMLA cannot run here: {why}"
+    source = f"vLLM {version}'s FlashMLA (vllm._flashmla_C through vllm.v1.attention.ops.flashmla)"
+    return FlashMLA(source, ops.get_mla_metadata, ops.flash_mla_with_kvcache), ""
+
+
+def load_flash_mla(where: str) -> tuple[FlashMLA | None, str]:
+    """(FlashMLA's API, '') or (None, why it is absent) for --flash-mla `where`: a PATH (a folder holding a built
+    `flash_mla` package, e.g. a FlashMLA checkout built in place), "vllm" (vLLM's build), "auto" (an importable
+    `flash_mla`, else vLLM's where vLLM imports) or "none"."""
+    if where == "none":
+        return None, "not asked for (--flash-mla none)"
+    if where == "vllm":
+        return _vllm_flash_mla()
+    if where == "auto":
+        if importlib.util.find_spec("flash_mla") is not None:
+            return _import_flash_mla(None)
+        if importlib.util.find_spec("vllm") is not None:
+            return _vllm_flash_mla()
+        return None, f"no flash_mla package and no vLLM importable (--flash-mla {FLASH_MLA_CHOICES})"
+    return _import_flash_mla(Path(where))
+
+
+def flash_mla_unsupported(module, cache: str) -> str:
+    """Why FlashMLA's dense decode cannot run this module's geometry with this cache ('' where it can): it runs
+    Dc 512 / Dr 64 (head_dim 576, head_dim_v 512), pages of 64, a bf16 or fp16 query and a cache of the same dtype,
+    any number of query heads over its one latent head."""
+    why = []
+    if (module.KV_LORA_RANK, module.QK_ROPE_HEAD_DIM) != (512, 64):
+        why.append(f"Dc {module.KV_LORA_RANK} / Dr {module.QK_ROPE_HEAD_DIM} (it runs 512 / 64)")
+    if module.PAGE_SIZE != 64:
+        why.append(f"page {module.PAGE_SIZE} (it runs 64)")
+    if module.DTYPE not in (torch.bfloat16, torch.float16):
+        why.append(f"dtype {module.DTYPE}")
+    if CACHES.get(cache) is not None:
+        why.append(f"a {cache} cache (FlashMLA's fp8 cache is its own layout, 656 bytes a token)")
+    return "; ".join(why)
+
+
+def flash_mla_call(api: FlashMLA, module, q, kv, table, lens) -> Callable[[], Any]:
+    """FlashMLA's decode of these inputs as mlagen's call computes it (the module's softmax scale; causal, as
+    mla_decode's default: query token j of Sq sees the cache up to cache_seqlens - Sq + j), its metadata
+    planned here, once, outside the timed call. The call returns (out [B, Sq, H, Dc], lse [B, H, Sq])."""
+    metadata, num_splits = api.get_mla_metadata(lens, q.shape[1] * q.shape[2], 1)
+    return functools.partial(
+        api.flash_mla_with_kvcache, q, kv, table, lens, module.KV_LORA_RANK, metadata, num_splits,
+        softmax_scale=module.SOFTMAX_SCALE, causal=True,
+    )  # fmt: skip
+
+
+def _sync(tensor) -> None:
+    if tensor.is_cuda:
+        torch.cuda.synchronize()
+
+
+def _poisoned_call(call, q, dc: int):
+    """call() (FlashMLA's: it allocates its outputs, out [B, Sq, H, dc] in q's dtype and lse [B, H, Sq] float32)
+    right after NaN-filled blocks of those sizes went back to the caching allocator, which hands them to the next
+    allocations of those sizes: a block holding an earlier call's right result would otherwise hide elements the
+    call did not write (mlagen's rows are poisoned in their own output tensors, see checked_call)."""
+    batch, seqlen_q, heads, _ = q.shape
+    poison = [
+        torch.full((batch, seqlen_q, heads, dc), float("nan"), dtype=q.dtype, device=q.device),
+        torch.full((batch, heads, seqlen_q), float("nan"), dtype=torch.float32, device=q.device),
+    ]
+    del poison
+    return call()
+
+
+#: how flash_mla_figures times (the CPU test gives its own clock): the same functions as mlagen's rows
+TIMERS = SimpleNamespace(
+    median_ms=median_ms, capture_graph=capture_graph, time_graph=time_graph, time_stream=time_stream
+)
+
+
+def flash_mla_figures(api: FlashMLA, module, inputs, max_len: int, graph: bool, timers=None) -> dict[str, Any]:
+    """FlashMLA on a case's inputs, run as mlagen's call is: checked against the same fp32 reference first and
+    not timed when wrong; then the do_bench median (L2 flushed), the check once more on poisoned outputs, and
+    where `graph` (the case's graph replay) the replay of a captured CUDA graph and eager calls back to back,
+    the replay checked too. Figures: us, graph_us, stream_us (None where not timed), max_err, rel_err, passed,
+    detail (what was wrong), source."""
+    timers = timers or TIMERS
+    q, kv, table, lens, _ = inputs
+    figures: dict[str, Any] = {"source": api.source, "us": None, "graph_us": None, "stream_us": None}
+    figures.update(max_err=float("nan"), rel_err=float("nan"), passed=False, detail="")
+    try:
+        call = flash_mla_call(api, module, q, kv, table, lens)
+        out, lse = _poisoned_call(call, q, module.KV_LORA_RANK)
+        _sync(out)
+        figures["max_err"], figures["rel_err"], message = check(module, q, kv, table, lens, out, lse, max_len)
+        if message:
+            figures["detail"] = message
+            return figures
+        us = timers.median_ms(call) * 1e3
+        out, lse = _poisoned_call(call, q, module.KV_LORA_RANK)
+        _sync(out)
+        message = check(module, q, kv, table, lens, out, lse, max_len)[2]
+        if not message and graph:
+            captured, (out, lse) = timers.capture_graph(call)
+            graph_us = timers.time_graph(call, captured) * 1e3
+            stream_us = timers.time_stream(call) * 1e3
+            out.fill_(float("nan"))
+            lse.fill_(float("nan"))
+            captured.replay()
+            _sync(out)
+            replayed = check(module, q, kv, table, lens, out, lse, max_len)[2]
+            message = f"graph replay: {replayed}" if replayed else ""
+            figures.update(graph_us=graph_us, stream_us=stream_us)
+    except Exception as error:  # noqa: BLE001 - FlashMLA refusing a case is reported in its row, not fatal
+        figures.update(us=None, graph_us=None, stream_us=None, detail=_first_line(error))
+        return figures
+    if message:
+        figures.update(graph_us=None, stream_us=None, detail=message)
+    else:
+        figures.update(us=us, passed=True)
+    return figures
+
+
+#: FlashMLA's figures per case (the same for every backend and merge of a case: run once), None where it cannot run
+_FLASH_MLA: dict[str, dict[str, Any] | None] = {}
+
+
+def flash_mla_for_case(api: FlashMLA | None, case: Case, module, cache: str, inputs, graph: bool, timers=None):
+    """FlashMLA's figures for this case and cache, measured on its first row (None where FlashMLA is absent or
+    cannot run the case, said once a case)."""
+    if api is None:
+        return None
+    key = f"{case.name} | {cache}"
+    if key not in _FLASH_MLA:
+        why = flash_mla_unsupported(module, cache)
+        if why:
+            print(f"[flash-mla] {case.name} {cache}: not run ({why})", flush=True)
+            _FLASH_MLA[key] = None
+        else:
+            _FLASH_MLA[key] = flash_mla_figures(api, module, inputs, max(case.seqlens), graph, timers)
+    return _FLASH_MLA[key]
+
+
+def flash_best_us(figures: dict[str, Any] | None) -> float | None:
+    """FlashMLA's figure for a case: the better of its eager median and its graph replay (None: not timed)."""
+    if not figures or figures.get("us") is None:
+        return None
+    return min(t for t in (figures["us"], figures.get("graph_us")) if t is not None)
+
+
+def attach_flash_mla(result: Result, figures: dict[str, Any] | None) -> Result:
+    """Put FlashMLA's figures beside mlagen's result, with vs_flash_mla = FlashMLA's best time over mlagen's
+    (above 1: mlagen is faster), each the better of eager and graph replay."""
+    result.flash_mla = figures
+    flash = flash_best_us(figures)
+    result.vs_flash_mla = flash / best_us(result) if flash is not None else None
+    return result
+
+
 _EAGER_US: dict[tuple[str, str], float] = {}
 
 
@@ -279,9 +509,11 @@ def run_case(
     graph_all: bool = False,
     merge: str = "auto",
     cache: str = "bf16",
+    flash_mla: FlashMLA | None = None,
 ) -> Result | None:
     """None when `backend` cannot run this case here (e.g. gluon off Hopper, an ineligible geometry, or a
-    Triton release the Gluon code was not verified with)."""
+    Triton release the Gluon code was not verified with). flash_mla: FlashMLA's API, run on the case's inputs
+    beside mlagen where it can (once a case, on its first row: flash_mla_for_case)."""
     module = module_for(case.spec, case.num_heads, tmp, cache)
     chosen, why = module.decode_backend(torch.device("cuda"), "auto" if backend == "gluon" else backend)
     if backend == "gluon" and chosen != "gluon":
@@ -314,6 +546,7 @@ def run_case(
         graph_us = time_graph(call, graph) * 1e3
         stream_us = time_stream(call) * 1e3
         msg = msg or checked_call(module, graph.replay, inputs, max_len, out, lse, replayed=True)
+    flash = flash_mla_for_case(flash_mla, case, module, cache, inputs, case.graph or graph_all)
     host_us = host_us_per_call(call)
     # a bare call plans its schedule and allocates its outputs (same backend and merge, from the options)
     with use_options(decode_backend=schedule.backend, decode_merge=merge):
@@ -339,7 +572,7 @@ def run_case(
     nbytes, flops = bytes_and_flops(module, case.seqlens, case.seqlen_q)
     gbps = nbytes / (best * 1e-6) / 1e9
     tflops = flops / (best * 1e-6) / 1e12
-    return Result(
+    result = Result(
         case=case.name,
         backend=schedule.backend,
         cache=cache,
@@ -369,6 +602,7 @@ def run_case(
         passed=not msg,
         extra={"detail": msg} if msg else {},
     )
+    return attach_flash_mla(result, flash)
 
 
 def _time_schedule(module, inputs, sched, max_len, graph=False):
@@ -520,8 +754,12 @@ def plot(results: list[Result], path: Path) -> None:
     names = [r.case for r in results]
     xs = range(len(results))
     ours = [(r.graph_us or r.us) for r in results]
-    ax.bar([x - 0.2 for x in xs], [r.eager_us for r in results], width=0.4, label="PyTorch eager")
-    ax.bar([x + 0.2 for x in xs], ours, width=0.4, label="mlagen (graph-replayed where marked)")
+    flash = [flash_best_us(r.flash_mla) for r in results]
+    width = 0.27 if any(t is not None for t in flash) else 0.4
+    ax.bar([x - width / 2 for x in xs], [r.eager_us for r in results], width=width, label="PyTorch eager")
+    ax.bar([x + width / 2 for x in xs], ours, width=width, label="mlagen (graph-replayed where marked)")
+    if width < 0.4:  # FlashMLA's best of eager and graph replay, where it ran
+        ax.bar([x + 1.5 * width for x in xs], [t or float("nan") for t in flash], width=width, label="FlashMLA")
     ax.set_yscale("log")
     ax.set_ylabel("µs (median, log)")
     ax.set_xticks(list(xs))
@@ -550,6 +788,72 @@ def fp8_ratios(r: Result, results: list[Result]) -> tuple[str, str]:
     )
 
 
+def flash_mla_cells(r: Result) -> tuple[str, str, str]:
+    """The table's FlashMLA columns for a row: its µs (eager median), its graph replay µs and FlashMLA / mlagen
+    ('-' where it did not run; WRONG and what, where its check failed, and then no time)."""
+    figures = r.flash_mla
+    if figures is None:
+        return "-", "-", "-"
+    if not figures["passed"]:
+        return f"WRONG: {figures['detail'][:80].replace('|', '/')}", "-", "-"
+    graph = f"{figures['graph_us']:.1f}" if figures.get("graph_us") is not None else "-"
+    return f"{figures['us']:.1f}", graph, f"{r.vs_flash_mla:.2f}x"
+
+
+def done_line(r: Result) -> str:
+    """The progress line printed as each row is measured."""
+    line = (
+        f"[done] {r.case} | {r.cache} {r.backend} {r.merge} {r.config} | {r.us:.1f} us, graph "
+        f"{r.graph_us or float('nan'):.1f} us, back to back {r.stream_us or float('nan'):.1f} us, "
+        f"host {r.host_us:.1f} us, bare host {r.bare_host_us:.1f} us | {r.gbps:.0f} GB/s {r.tflops:.0f} TFLOP/s | "
+        f"eager {r.eager_us:.0f} us | {'ok' if r.passed else 'FAIL ' + str(r.extra)}"
+    )
+    if r.flash_mla is not None:
+        us, graph, ratio = flash_mla_cells(r)
+        line += f" | FlashMLA {us} us, graph {graph} us, FlashMLA / mlagen {ratio}"
+    return line
+
+
+def run_json(meta: dict, roof: dict, flash_note: str, results: list[Result], complete: bool = True) -> dict:
+    """decode.json: the run's environment, roofline, where FlashMLA came from (or why it is absent), the rows;
+    complete is False while the run goes on (the file is rewritten after each row)."""
+    rows = [asdict(r) for r in results]
+    return {**meta, "roofline": roof, "flash_mla": flash_note, "complete": complete, "results": rows}
+
+
+def log_rows(results: list[Result], roof: dict) -> list[tuple[str, dict]]:
+    """(case, figures) for the results log: each row's figures, FlashMLA's beside them, and the roofline."""
+    return [(r.case, {**{k: v for k, v in asdict(r).items() if k != "case"}, "roofline": roof}) for r in results]
+
+
+def summary_lines(results: list[Result], meta: dict, roof: dict, caches, flash_note: str) -> list[str]:
+    """The table printed last (markdown)."""
+    lines = [
+        f"\n## Decode, {meta['gpu']}, {meta['date'][:10]}, bf16 q/out, caches {'/'.join(caches)}, page {PAGE_SIZE}; "
+        f"copy {roof['copy_gbps']:.0f} GB/s, matmul {roof['matmul_tflops']:.0f} TFLOP/s; FlashMLA: {flash_note}",
+        "| case | cache | backend | merge | config | µs | graph µs | back-to-back µs | host µs | bare host µs | GB/s "
+        "| %copy | TFLOP/s | %mma | eager µs | speed-up | default µs | vs bf16 same backend | vs best bf16 "
+        "| FlashMLA µs | FlashMLA graph µs | FlashMLA / mlagen | ok |",
+        "|" + "---|" * 23,
+    ]
+    for r in results:
+        g = f"{r.graph_us:.1f}" if r.graph_us is not None else "-"
+        b2b = f"{r.stream_us:.1f}" if r.stream_us is not None else "-"
+        d = f"{r.default_us:.1f}" if r.default_us is not None else "-"
+        same, best = fp8_ratios(r, results)
+        flash_us, flash_graph, vs_flash = flash_mla_cells(r)
+        lines.append(
+            f"| {r.case} | {r.cache} | {r.backend} | {r.merge} | {r.config} | {r.us:.1f} | {g} | {b2b} | "
+            f"{r.host_us:.1f} | {r.bare_host_us:.1f} | {r.gbps:.0f} | {r.pct_copy:.0f}% | {r.tflops:.0f} | "
+            f"{r.pct_mma:.0f}% | {r.eager_us:.0f} | {r.speedup:.1f}x | {d} | {same} | {best} | "
+            f"{flash_us} | {flash_graph} | {vs_flash} | {'yes' if r.passed else 'NO ' + r.extra.get('detail', '')} |"
+        )
+    wrong = sorted({r.case for r in results if r.flash_mla is not None and not r.flash_mla["passed"]})
+    if wrong:
+        lines.append(f"FlashMLA failed its check (not timed): {wrong}")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
@@ -562,7 +866,8 @@ def main() -> None:
     parser.add_argument(
         "--backends",
         default="gluon,triton",
-        help="decode backends to time side by side (gluon: the Hopper kernel, where it runs; triton: portable)",
+        help="decode backends to time side by side (gluon: the Hopper kernel, where it runs; triton: portable; "
+        "auto: the launch policy's choice)",
     )
     parser.add_argument("--graph-all", action="store_true", help="time CUDA-graph replay for every case too")
     parser.add_argument(
@@ -577,6 +882,13 @@ def main() -> None:
         help="latent caches to time side by side: bf16 (the spec's) and fp8 (e4m3, same geometry and batch)",
     )
     parser.add_argument("--append", type=Path, help="also append each result to this results log (JSON lines)")
+    parser.add_argument(
+        "--flash-mla",
+        default="auto",
+        metavar="WHERE",
+        help=f"FlashMLA in the same run, beside mlagen where it can run (bf16, Dc 512 / Dr 64, page 64): "
+        f"{FLASH_MLA_CHOICES} (auto: an importable flash_mla, else vLLM's build where vLLM imports)",
+    )
     args = parser.parse_args()
     caches = tuple(args.caches.split(","))
     unknown = [c for c in caches if c not in CACHES]
@@ -590,6 +902,10 @@ def main() -> None:
     print(f"# {gpu}, torch {torch.__version__}, triton {triton.__version__}, {meta['date']}", flush=True)
     roof = roofline()
     print(f"# roofline: copy {roof['copy_gbps']:.0f} GB/s, bf16 matmul {roof['matmul_tflops']:.0f} TFLOP/s", flush=True)
+    flash_mla, why = load_flash_mla(args.flash_mla)
+    flash_note = flash_mla.source if flash_mla is not None else f"absent: {why}"
+    print(f"# FlashMLA: {flash_note}{'' if flash_mla else '; its columns stay empty'}", flush=True)
+    decode_json = args.out / "decode.json"
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         if args.sweep:
@@ -605,47 +921,21 @@ def main() -> None:
                 for backend in args.backends.split(","):
                     for merge in args.merges.split(","):
                         r = run_case(case, roof, tmp, args.compare_default, gen, backend, args.graph_all, merge,
-                                     cache)  # fmt: skip
+                                     cache, flash_mla)  # fmt: skip
                         if r is None:
                             break
                         results.append(r)
-                        print(
-                            f"[done] {r.case} | {r.cache} {r.backend} {r.merge} {r.config} | {r.us:.1f} us, graph "
-                            f"{r.graph_us or float('nan'):.1f} us, back to back {r.stream_us or float('nan'):.1f} us, "
-                            f"host {r.host_us:.1f} us, bare host "
-                            f"{r.bare_host_us:.1f} us | {r.gbps:.0f} GB/s {r.tflops:.0f} TFLOP/s | eager "
-                            f"{r.eager_us:.0f} us | {'ok' if r.passed else 'FAIL ' + str(r.extra)}",
-                            flush=True,
-                        )
+                        print(done_line(r), flush=True)
+                        # written as each row is measured: a run stopped by a time limit keeps the rows it has
+                        decode_json.write_text(json.dumps(run_json(meta, roof, flash_note, results, False), indent=1))
+                        if args.append:
+                            harness.append_results(args.append, "decode", meta, log_rows([r], roof))
                         torch.cuda.empty_cache()
-    (args.out / "decode.json").write_text(
-        json.dumps({**meta, "roofline": roof, "results": [asdict(r) for r in results]}, indent=1)
-    )
+    decode_json.write_text(json.dumps(run_json(meta, roof, flash_note, results), indent=1))
     plot(results, args.out / "decode.png")
     if args.append:
-        rows = [(r.case, {**{k: v for k, v in asdict(r).items() if k != "case"}, "roofline": roof}) for r in results]
-        print(f"# appended {harness.append_results(args.append, 'decode', meta, rows)} rows to {args.append}")
-    print(
-        f"\n## Decode, {gpu}, {meta['date'][:10]}, bf16 q/out, caches {'/'.join(caches)}, page {PAGE_SIZE}; "
-        f"copy {roof['copy_gbps']:.0f} GB/s, matmul {roof['matmul_tflops']:.0f} TFLOP/s"
-    )
-    print(
-        "| case | cache | backend | merge | config | µs | graph µs | back-to-back µs | host µs | bare host µs | GB/s "
-        "| %copy | TFLOP/s | %mma | eager µs | speed-up | default µs | vs bf16 same backend | vs best bf16 | ok |"
-    )
-    print("|" + "---|" * 20)
-    for r in results:
-        g = f"{r.graph_us:.1f}" if r.graph_us is not None else "-"
-        b2b = f"{r.stream_us:.1f}" if r.stream_us is not None else "-"
-        d = f"{r.default_us:.1f}" if r.default_us is not None else "-"
-        same, best = fp8_ratios(r, results)
-        print(
-            f"| {r.case} | {r.cache} | {r.backend} | {r.merge} | {r.config} | {r.us:.1f} | {g} | {b2b} | "
-            f"{r.host_us:.1f} | {r.bare_host_us:.1f} | {r.gbps:.0f} | {r.pct_copy:.0f}% | {r.tflops:.0f} | "
-            f"{r.pct_mma:.0f}% | "
-            f"{r.eager_us:.0f} | {r.speedup:.1f}x | {d} | {same} | {best} | "
-            f"{'yes' if r.passed else 'NO ' + r.extra.get('detail', '')} |"
-        )
+        print(f"# appended {len(results)} rows to {args.append}")
+    print("\n".join(summary_lines(results, meta, roof, caches, flash_note)))
     failed = [f"{r.case} ({r.backend})" for r in results if not r.passed]
     if failed:
         print(f"FAILED correctness: {failed}")

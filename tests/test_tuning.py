@@ -2,6 +2,7 @@
 entries reach a generated module; the tuner's flow under the interpreter. Timing needs a GPU (`mlagen tune`)."""
 
 import dataclasses
+import itertools
 import json
 import os
 import subprocess
@@ -626,6 +627,74 @@ def test_tune_flow_fp8_cache_under_interpreter(tmp_path, monkeypatch):
         }
     inputs = make_inputs(import_module_from_path(compile_spec(fp8, tmp_path)), [5, 9], 1, torch.Generator(), "cpu")
     assert inputs["kv_cache"].dtype == torch.float8_e4m3fn and inputs["kv_scale"].dtype == torch.float32
+
+
+def test_an_h200_takes_the_hopper_family_entries_until_mlagen_tune_records_its_own(tmp_path, monkeypatch):
+    """Issue 44: on an "NVIDIA H200" the module looks up ("sm90", "NVIDIA H200"); with only H100 entries shipped it
+    takes the family's ("sm90", "*") rows, which are the H100's. `mlagen tune` on it records its winners under its
+    own name; shipped beside the H100's (tuning/h200.json), they win on the H200, bucket by bucket, and change
+    nothing for the H100 or another Hopper device, which keep the H100's."""
+    from mlagen_compiler import runtime, tuning_search
+
+    h200 = "NVIDIA H200"
+    # the key a module computes on an H200 (what torch reports there), and on an H100
+    monkeypatch.setattr(runtime, "_INTERPRET", False)
+    monkeypatch.setattr(runtime, "_GPU_CAPABILITY", {})
+    monkeypatch.setattr(runtime, "_GPU_KEY", {})
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: (9, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: h200)
+    assert runtime._gpu_key(torch.device("cuda", 0)) == ("sm90", h200)
+    monkeypatch.undo()
+
+    spec = spec_from_dict({**PINNED, "name": "tune-h200", "kernels": ["decode"]})
+    shipped = tmp_path / "tuning"
+    monkeypatch.setattr(tuning_db, "shipped_tuning_dir", lambda: shipped)
+    monkeypatch.setenv("MLAGEN_TUNING_DB", str(tmp_path / "no-user-db.json"))
+    configs = dict(zip((16, 32, 64, 128), space(spec, 16), strict=True))  # (block_n, 4, 1); the default is n16
+    h100 = {"m16": configs[32], "m16-small": configs[64]}
+    write_db(shipped / "h100.json", [entry(spec, bucket, config) for bucket, config in h100.items()])
+
+    builds = itertools.count()
+
+    def schedules_on(name, arch="sm90"):
+        """{bucket: config} that the module compiled from the shipped databases picks on GPU `name`."""
+        path = compile_spec(spec, tmp_path / f"build{next(builds)}", tuned_for_spec(spec))
+        module = import_module_from_path(path)
+        with monkeypatch.context() as patch:
+            _pretend_gpu(patch, module, arch, name)
+            cuda = torch.device("cuda", 0)  # never touched: num_parts given, GPU pretended
+            return {
+                "m16": module.get_decode_schedule(9, 1, cuda, num_parts=2).config,  # 9 sequences: serving size
+                "m16-small": module.get_decode_schedule(3, 1, cuda, num_parts=2).config,  # the latency regime
+            }
+
+    default = {"m16": configs[16], "m16-small": configs[16]}
+    assert schedules_on(h200) == schedules_on(H100) == schedules_on("NVIDIA H100 PCIe") == h100  # the family's
+    assert schedules_on("NVIDIA B200", "sm100") == default  # another family: the plan's defaults
+
+    # `mlagen tune` on the H200 (its key pretended; the fake clock makes block_n 128 the winner), written where the
+    # shipped databases live: first only the latency bucket, then the other
+    monkeypatch.setattr(runtime, "_gpu_key", lambda device: ("sm90", h200))
+    monkeypatch.setattr(tuning_search, "time_config", _fake_clock)
+
+    def tune(bucket):
+        report = tuning_search.tune_specs(
+            [spec], TINY_CASES[:2], db_path=shipped / "h200.json", jobs=0, device=torch.device("cpu"),
+            buckets_wanted=[bucket],
+        )  # fmt: skip
+        assert report.ok and [(e["arch"], e["gpu"], e["bucket"]) for e in report.entries] == [("sm90", h200, bucket)]
+
+    tune("m16-small")
+    assert tuning_db.shipped_db_paths() == [shipped / "h100.json", shipped / "h200.json"]
+    # its own entry where it has one, the family's (the H100's) where it has none
+    assert schedules_on(h200) == {"m16": h100["m16"], "m16-small": configs[128]}
+    tune("m16")
+    assert schedules_on(h200) == {"m16": configs[128], "m16-small": configs[128]}
+    # the H100 keeps its own; another Hopper device keeps the family's rows, the H100's (its name sorts first)
+    assert schedules_on(H100) == schedules_on("NVIDIA H100 PCIe") == h100
+    module_table = tuned_for_spec(spec)["decode"]
+    assert module_table["sm90|*|m16"] == list(h100["m16"]) and module_table[f"sm90|{h200}|m16"] == list(configs[128])
 
 
 def test_warm_up_compiles_in_worker_processes(tmp_path):
