@@ -87,6 +87,20 @@ def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and torch.equal(a.contiguous().view(view), b.contiguous().view(view))
 
 
+def parse_builds(parser: argparse.ArgumentParser, values: list[str]) -> list[tuple[str, Path]]:
+    """--build LABEL=DIR values as (label, folder); a value without a label or naming no folder, or a label
+    given twice, is the parser's one-line error."""
+    builds = []
+    for value in values:
+        label, _, folder = value.partition("=")
+        if not label or not folder or not Path(folder).is_dir():
+            parser.error(f"--build {value!r}: expected LABEL=DIR with DIR a folder of module files")
+        if label in (known for known, _ in builds):
+            parser.error(f"--build {value!r}: label {label!r} given twice")
+        builds.append((label, Path(folder)))
+    return builds
+
+
 def interleaved_ms(fns: list[Callable[[], Any]], rounds: int, timer: Callable[[Callable], float]) -> list[float]:
     """Per function, the median over `rounds` rounds of `timer(fn)`, the functions timed in turn each round."""
     samples: list[list[float]] = [[] for _ in fns]
@@ -108,16 +122,21 @@ def row(kind: str, case: str, labels: list[str], ms: list[float], checked: str, 
     }
 
 
-def out_of_time(args) -> bool:
-    return time.monotonic() - args.start > args.budget
-
-
-def not_run(kind: str, case: str) -> dict:
-    return {"kind": kind, "case": case, "error": "NOT RUN: time budget"}
+def run_row(rows: list[dict], args, kind: str, label: str, measure: Callable[..., dict], *measure_args) -> None:
+    """Append `measure(*measure_args)`'s row, or a NOT RUN row past the time budget, or the error `measure`
+    raised as the row's outcome (the run goes on); print it."""
+    if time.monotonic() - args.start > args.budget:
+        rows.append({"kind": kind, "case": label, "error": "NOT RUN: time budget"})
+    else:
+        try:
+            rows.append(measure(*measure_args))
+        except Exception as error:  # noqa: BLE001 - reported as the row's outcome
+            rows.append({"kind": kind, "case": label, "error": f"{type(error).__name__}: {error}"})
+    print(json.dumps(rows[-1]), flush=True)
 
 
 def decode_rows(builds: Builds, args) -> list[dict]:
-    rows = []
+    rows, labels, rounds = [], builds.labels, args.rounds
     for case in bench_decode.cases(quick=False):
         if args.only and not any(word in f"decode {case.name}" for word in args.only):
             continue
@@ -128,14 +147,7 @@ def decode_rows(builds: Builds, args) -> list[dict]:
                 continue
             for backend in DECODE_BACKENDS:
                 label = f"{case.name} {cache} {backend}"
-                if out_of_time(args):
-                    rows.append(not_run("decode", label))
-                    continue
-                try:
-                    rows.append(decode_case(modules, builds.labels, case, label, backend, args.rounds))
-                except Exception as error:  # noqa: BLE001 - reported as the row's outcome, the run goes on
-                    rows.append({"kind": "decode", "case": label, "error": f"{type(error).__name__}: {error}"})
-                print(json.dumps(rows[-1]), flush=True)
+                run_row(rows, args, "decode", label, decode_case, modules, labels, case, label, backend, rounds)
     return rows
 
 
@@ -175,7 +187,7 @@ def decode_case(modules, labels, case, label, backend, rounds) -> dict:
 
 
 def prefill_rows(builds: Builds, args) -> list[dict]:
-    rows = []
+    rows, labels, rounds = [], builds.labels, args.rounds
     device = torch.device("cuda")
     for heads, name in PREFILL_MODULES.items():
         modules = builds.modules(name)
@@ -186,25 +198,11 @@ def prefill_rows(builds: Builds, args) -> list[dict]:
             label = f"prefill H{heads} B{batch} S{seqlen}"
             if args.only and not any(word in label for word in args.only):
                 continue
-            if out_of_time(args):
-                rows.append(not_run("prefill", label))
-                continue
-            try:
-                rows.append(prefill_case(modules, builds.labels, label, batch, seqlen, device, args.rounds))
-            except Exception as error:  # noqa: BLE001
-                rows.append({"kind": "prefill", "case": label, "error": f"{type(error).__name__}: {error}"})
-            print(json.dumps(rows[-1]), flush=True)
+            run_row(rows, args, "prefill", label, prefill_case, modules, labels, label, batch, seqlen, device, rounds)
         label = f"chunked prefill H{heads} prefix 8192 + 1024"
         if args.only and not any(word in label for word in args.only):
             continue
-        if out_of_time(args):
-            rows.append(not_run("chunked", label))
-            continue
-        try:
-            rows.append(chunked_case(modules, builds.labels, label, device, args.rounds))
-        except Exception as error:  # noqa: BLE001
-            rows.append({"kind": "chunked", "case": label, "error": f"{type(error).__name__}: {error}"})
-        print(json.dumps(rows[-1]), flush=True)
+        run_row(rows, args, "chunked", label, chunked_case, modules, labels, label, device, rounds)
     return rows
 
 
@@ -275,7 +273,7 @@ def main() -> None:
     args = parser.parse_args()
     args.start = time.monotonic()
     args.only = [w for w in args.only.split(",") if w]
-    builds = Builds([(label, Path(folder)) for label, _, folder in (b.partition("=") for b in args.build)])
+    builds = Builds(parse_builds(parser, args.build))
     meta = harness.environment()
     print(f"# {json.dumps(meta)}; builds: {args.build}", flush=True)
     skip = set(args.skip.split(","))

@@ -360,3 +360,50 @@ def test_flash_mla_giving_wrong_results_is_not_timed(tmp_path, stand_ins):
     broken = bench_decode.FlashMLA("broken", lambda *a: (None, None), lambda *a, **k: 1 / 0)
     figures = bench_decode.flash_mla_figures(broken, module, inputs, max(case.seqlens), False, _CLOCK)
     assert figures["detail"] == "ZeroDivisionError: division by zero" and not figures["passed"]
+
+
+# ---- before_after.py: rows and arguments (its timing needs a GPU) ------------------------------------------------
+
+
+def test_before_after_rows_record_errors_and_the_time_budget(capsys):
+    import before_after
+
+    args = SimpleNamespace(start=0.0, budget=float("inf"))
+    rows: list[dict] = []
+    before_after.run_row(rows, args, "decode", "ok", lambda case: {"case": case, "kind": "decode"}, "ok")
+    before_after.run_row(rows, args, "prefill", "boom", lambda: 1 / 0)
+    args.budget = -1.0
+    before_after.run_row(rows, args, "chunked", "late", lambda: pytest.fail("measured past the budget"))
+    assert rows[0] == {"case": "ok", "kind": "decode"}
+    assert rows[1]["error"].startswith("ZeroDivisionError") and rows[2]["error"] == "NOT RUN: time budget"
+    assert [before_after.verdict(r, 0.02) for r in rows[1:]] == ["ERROR", "NOT RUN"]
+    assert len(capsys.readouterr().out.splitlines()) == 3  # every row printed as it is made
+    timed = {"check": "ok", "ratio": {"before": 1.0, "after": 1.021}}
+    assert before_after.verdict(timed, 0.02) == "SLOWER" and before_after.verdict(timed, 0.025) == "ok"
+    assert before_after.verdict({**timed, "check": "after differs"}, 0.02) == "WRONG"
+
+
+@pytest.mark.parametrize("value", ["generated", "=generated", "after=", "after=/no/such/folder"])
+def test_before_after_refuses_a_bad_build(value, capsys):
+    import argparse
+
+    import before_after
+
+    parser = argparse.ArgumentParser(prog="before_after.py")
+    with pytest.raises(SystemExit):
+        before_after.parse_builds(parser, [value])
+    assert f"--build {value!r}: expected LABEL=DIR" in capsys.readouterr().err
+
+
+def test_before_after_refuses_a_label_twice(capsys):
+    import argparse
+
+    import before_after
+
+    parser = argparse.ArgumentParser(prog="before_after.py")
+    root = Path(__file__).resolve().parent.parent
+    generated, benchmarks = root / "generated", root / "benchmarks"
+    assert before_after.parse_builds(parser, [f"a={generated}"]) == [("a", generated)]
+    with pytest.raises(SystemExit):
+        before_after.parse_builds(parser, [f"a={generated}", f"a={benchmarks}"])
+    assert "label 'a' given twice" in capsys.readouterr().err
