@@ -1,5 +1,9 @@
 """Prefill benchmark: generated mla_prefill vs PyTorch SDPA backends and FlexAttention, one GPU, one process.
 
+Both prefill backends where they run: the portable kernel ("mlagen") and, on Hopper, the Gluon kernel
+("mlagen_gluon", asked for explicitly: "auto" keeps the portable one until it is verified), each checked against
+the reference on the case before it is timed (a failed check is printed and not timed).
+
 Causal, bf16, qk head dim 192 (Dn 128 + Dr 64) / v head dim 128 (DeepSeek-V3 geometry at TP8 and TP1:
 16 and 128 heads). For every case the generated kernel is first checked against an fp32 result on the
 same random inputs, then it and the baselines are timed with `triton.testing.do_bench` medians:
@@ -38,6 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlagen_compiler import compile_spec, import_module_from_path, spec_from_dict  # noqa: E402
+from mlagen_compiler.options import use_options  # noqa: E402
 from mlagen_compiler.reference import chunked_prefill, prefill_varlen  # noqa: E402
 from mlagen_compiler.registry import resolve_spec  # noqa: E402
 from mlagen_compiler.verify import LSE_TOLERANCE, compare, compare_with_lse, paged_block_table  # noqa: E402
@@ -111,6 +116,16 @@ def _judged(out, lse, want, want_lse) -> dict:
     _, rel, msg = compare_with_lse(out, lse, want, want_lse, "bfloat16")
     lse_err = float((lse.double().cpu() - want_lse.double().cpu()).abs().max())
     return {"rel_err": rel, "lse_max_err": lse_err, "lse_tolerance": LSE_TOLERANCE, "passed": not msg, "msg": msg}
+
+
+def gluon_available(module, device) -> str:
+    """'' when the module's Gluon prefill can run on `device` (asked for explicitly: "auto" keeps the portable
+    kernel until it is verified), else why not."""
+    try:
+        module.prefill_backend(device, "gluon")
+    except (ValueError, AttributeError) as error:  # (AttributeError: a module from before the Gluon prefill)
+        return str(error)
+    return ""
 
 
 def causal_reference(module, q, k_nope, k_pe, v, batch, seqlen) -> torch.Tensor:
@@ -222,11 +237,24 @@ def run_case(module, heads, batch, seqlen, gen, device, sweep, sweeps) -> dict:
     q, kn, kp, v, cu = make_inputs(module, batch, seqlen, gen, device)
     flops = batch * heads * seqlen**2 * (q.shape[-1] + v.shape[-1])
     qd, kd, vd = dense(q, kn, kp, v, batch, seqlen)
-    # correctness of ours on this very shape vs fp32 memory-efficient SDPA
-    out = torch.full_like(v, float("nan"))
-    module.mla_prefill(q, kn, kp, v, cu, seqlen, out=out)
+    # correctness of ours (each backend: the portable kernel, and the Gluon one on Hopper) on this very shape vs
+    # fp32 memory-efficient SDPA, before anything is timed
     ref = causal_reference(module, q, kn, kp, v, batch, seqlen)
-    max_err, rel, msg = compare(out, ref, "bfloat16")
+    backends = {"mlagen": "triton"}
+    why_not = gluon_available(module, device)
+    if why_not:
+        print(f"#   mlagen_gluon {case}: not run ({why_not})")
+    else:
+        backends["mlagen_gluon"] = "gluon"
+    checks = {}
+    for name, backend in backends.items():
+        out = torch.full_like(v, float("nan"))
+        with use_options(prefill_backend=backend):
+            module.mla_prefill(q, kn, kp, v, cu, seqlen, out=out)
+        checks[name] = compare(out, ref, "bfloat16")
+        if checks[name][2]:
+            print(f"#   {name} {case}: CHECK FAILED {checks[name][2]}")
+    max_err, rel, msg = checks["mlagen"]
     del ref
     row = {
         "case": case,
@@ -241,8 +269,15 @@ def run_case(module, heads, batch, seqlen, gen, device, sweep, sweeps) -> dict:
     }
     cfg = module.prefill_config(device)
     row["config"] = list(cfg)
-    ms = bench(lambda: module.mla_prefill(q, kn, kp, v, cu, seqlen))
-    row["impl"]["mlagen"] = ms
+    for name, backend in backends.items():
+        if checks[name][2]:  # (a failed check is reported, never timed)
+            row["impl"][name] = None
+            continue
+        with use_options(prefill_backend=backend):
+            row["impl"][name] = bench(lambda: module.mla_prefill(q, kn, kp, v, cu, seqlen))
+    if "mlagen_gluon" in checks:
+        row["gluon_max_err"], row["gluon_rel_err"], gluon_msg = checks["mlagen_gluon"]
+        row["gluon_passed"] = not gluon_msg
     if sweep:
         scale = module.SOFTMAX_SCALE
         variants = [(c, True) for c in SWEEP] + [(c, False) for c in SWEEP_NO_TMA]
@@ -427,10 +462,26 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
     def full():
         return module.mla_chunked_prefill(*problem.args)
 
-    out = full()
-    max_err, rel, msg = compare(out, chunked_reference(module, problem), "bfloat16")
+    want = chunked_reference(module, problem)
+    with use_options(prefill_backend="triton"):
+        out = full()
+        max_err, rel, msg = compare(out, want, "bfloat16")
+        total_ms = bench(full)
+    gluon = {}
+    why_not = gluon_available(module, device)
+    if why_not:
+        print(f"#   chunked mlagen_gluon H={heads}: not run ({why_not})")
+    else:
+        with use_options(prefill_backend="gluon"):
+            out = full()
+            g_err, g_rel, g_msg = compare(out, want, "bfloat16")
+            gluon = {"gluon_max_err": g_err, "gluon_rel_err": g_rel, "gluon_passed": not g_msg}
+            if g_msg:
+                print(f"#   chunked mlagen_gluon H={heads}: CHECK FAILED {g_msg}")
+            else:
+                gluon["gluon_total_ms"] = bench(full)
+    del want
     pk, pr, pv = module.expand_latent_prefix(cache, table, cu_p, prefix, w_uk, w_uv)
-    total_ms = bench(full)
     expand_ms = bench(lambda: module.expand_latent_prefix(cache, table, cu_p, prefix, w_uk, w_uv))
     attn_flops = heads * (chunk * prefix + chunk * chunk / 2) * 2 * (dn + dr + dv)
     expand_flops = 2 * prefix * dc * heads * (dn + dv)
@@ -465,7 +516,12 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
         "rel_err": rel,
         "passed": not msg,
         "prefix_sweep_ms": prefix_sweep,
+        **gluon,
     }
+    if gluon.get("gluon_total_ms"):
+        result["gluon_prefix_attn_ms"] = bench(
+            lambda: module._launch_prefill_gluon(q, pk, pr, pv, cu, cu_p, chunk, o_p, l_p, module.SOFTMAX_SCALE, False)
+        )
     # FlexAttention on the same problem (keys already expanded: the expansion is not timed for it)
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
@@ -486,7 +542,7 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
     return result
 
 
-NAMES = ["mlagen", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash_vpad", "flex"]
+NAMES = ["mlagen", "mlagen_gluon", "sdpa_cudnn", "sdpa_efficient", "sdpa_flash_vpad", "flex"]
 
 
 def print_table(rows, chunked, meta) -> None:
@@ -502,8 +558,8 @@ def print_table(rows, chunked, meta) -> None:
         for n in NAMES:
             t = r["impl"].get(n)
             cells.append(f" {t * 1e3:>8.0f}us {r['flops'] / t / 1e9:>5.0f}T" if t else f" {'n/a':>17}")
-        flex, ours = r["impl"].get("flex"), r["impl"]["mlagen"]
-        speed = f"{flex / ours:>7.2f}x" if flex else f"{'n/a':>8}"
+        flex, ours = r["impl"].get("flex"), r["impl"].get("mlagen")
+        speed = f"{flex / ours:>7.2f}x" if flex and ours else f"{'n/a':>8}"
         cfg = "m{}n{}w{}s{}".format(*r["config"])
         best = r.get("best_swept")
         swept = (
@@ -519,6 +575,16 @@ def print_table(rows, chunked, meta) -> None:
             f"({c['prefix_attn_tflops']:.0f} TFLOP/s){flex}; check {'ok' if c['passed'] else 'FAIL'} "
             f"(rel {c['rel_err']:.1e})"
         )
+        if "gluon_passed" in c:
+            timing = (
+                f"{c['gluon_total_ms'] * 1e3:.0f} us total, prefix attention {c['gluon_prefix_attn_ms'] * 1e3:.0f} us"
+                if c.get("gluon_total_ms")
+                else "not timed"
+            )
+            print(
+                f"chunked H={c['heads']} gluon: {timing}; check {'ok' if c['gluon_passed'] else 'FAIL'} "
+                f"(rel {c['gluon_rel_err']:.1e})"
+            )
 
 
 def plot(rows, path: Path, gpu: str) -> None:

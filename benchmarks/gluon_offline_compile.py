@@ -1,5 +1,5 @@
-"""Compile a generated module's Gluon decode kernel for sm_90a on a machine without a GPU (dev tool; the
-portable kernel: decode_offline_compile.py).
+"""Compile a generated module's Gluon decode (or, --prefill, prefill) kernel for sm_90a on a machine without a GPU
+(dev tool; the portable decode kernel: decode_offline_compile.py).
 
 Triton's front end, its passes and ptxas (shipped in the triton wheel) need no GPU: a stand-in driver
 answers "the current device is a compute capability 9.0 GPU", the kernel is compiled with `warmup`
@@ -7,6 +7,7 @@ answers "the current device is a compute capability 9.0 GPU", the kernel is comp
 errors and register spills without device time.
 
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
+    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py --prefill [--non-causal]
 
 An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles the producer its launch would choose for --sq (the
 landing producer where Sq * H <= 32, else the converting one); --producer picks one.
@@ -227,6 +228,64 @@ def compile_offline(
     return {"shared": kernel.metadata.shared, "resources": _resource_usage(kernel.asm["cubin"]), "kernel": kernel}
 
 
+def compile_prefill_offline(
+    module_path: str,
+    causal: bool = True,
+    store_lse: bool = True,
+    float32_out: bool = False,
+    block_n: int | None = None,
+    stages: int | None = None,
+    consumer_regs: int | None = None,
+    producer_regs: int | None = None,
+) -> dict:
+    """Compile the module's _mla_prefill_gluon_kernel (causal, or the non-causal prefix attention of chunked
+    prefill, whose outputs are float32 partials: float32_out); returns ptxas' numbers. block_n / stages / the
+    registers: the plan's unless given."""
+    from triton.runtime.driver import driver
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    driver.set_active(_OfflineHopperDriver())
+    spec = importlib.util.spec_from_file_location("offline_module", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert not module._PREFILL_GLUON_IMPORT_ERROR, module._PREFILL_GLUON_IMPORT_ERROR
+    tokens, heads = 1024, module.NUM_HEADS
+    dn, dr, dv = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    block_n = block_n or module.PREFILL_GLUON_BLOCK_N
+    q = torch.empty(tokens, heads * (dn + dr), dtype=module.DTYPE)
+    k_nope = torch.empty(tokens, heads * dn, dtype=module.DTYPE)
+    k_pe = torch.empty(tokens, dr, dtype=module.DTYPE)
+    v = torch.empty(tokens, heads * dv, dtype=module.DTYPE)
+    descriptors = module._gluon_prefill_descriptors(q, k_nope, k_pe, v, block_n)
+    out = torch.empty(tokens, heads, dv, dtype=torch.float32 if float32_out else module.DTYPE)
+    cu = torch.empty(5, dtype=torch.int32)
+    kernel = module._mla_prefill_gluon_kernel.warmup(
+        *descriptors,
+        out,
+        torch.empty(heads, tokens, dtype=torch.float32),
+        cu,
+        cu,
+        0.1,
+        out.stride(0),
+        out.stride(1),
+        tokens,
+        H=heads,
+        DN=dn,
+        DR=dr,
+        DV=dv,
+        BLOCK_N=block_n,
+        STAGES=stages or module.PREFILL_GLUON_STAGES,
+        CAUSAL=causal,
+        STORE_LSE=store_lse,
+        CONSUMER_REGS=consumer_regs or module.PREFILL_GLUON_CONSUMER_REGS,
+        PRODUCER_REGS=producer_regs or module.PREFILL_GLUON_PRODUCER_REGS,
+        LN2=0.6931471805599453,
+        num_warps=4,
+        grid=(1,),
+    )
+    return {"shared": kernel.metadata.shared, "resources": _resource_usage(kernel.asm["cubin"]), "kernel": kernel}
+
+
 def _resource_usage(cubin: bytes) -> str:
     """cuobjdump's register / stack / spill line for the kernel (cuobjdump ships in the triton wheel)."""
     import subprocess
@@ -264,24 +323,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long-blocks", action="store_true", help="the long blocks of two or more row blocks")
     parser.add_argument("--non-causal", action="store_true", help="every new token sees the whole sequence")
     parser.add_argument("--empty-inf", action="store_true", help="lse +inf for a query that sees no key")
+    parser.add_argument(
+        "--prefill",
+        action="store_true",
+        help="the Gluon prefill instead (--non-causal: the prefix attention of chunked prefill, float32 out)",
+    )
+    parser.add_argument("--block-n", type=int, help="(--prefill) key positions a block (default: the plan's)")
+    parser.add_argument("--stages", type=int, help="(--prefill) ring stages (default: the plan's)")
     args = parser.parse_args(argv)
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
-    result = compile_offline(
-        args.module,
-        args.sq,
-        args.gather,
-        not args.combine_kernel,
-        args.regs,
-        args.producer,
-        not args.wide,
-        args.sequence_runs,
-        args.short_blocks,
-        args.land_slots,
-        args.long_blocks,
-        not args.non_causal,
-        args.empty_inf,
-    )
+    if args.prefill:
+        result = compile_prefill_offline(
+            args.module,
+            causal=not args.non_causal,
+            float32_out=args.non_causal,
+            block_n=args.block_n,
+            stages=args.stages,
+            consumer_regs=args.regs,
+        )
+    else:
+        result = compile_offline(
+            args.module,
+            args.sq,
+            args.gather,
+            not args.combine_kernel,
+            args.regs,
+            args.producer,
+            not args.wide,
+            args.sequence_runs,
+            args.short_blocks,
+            args.land_slots,
+            args.long_blocks,
+            not args.non_causal,
+            args.empty_inf,
+        )
     kernel = result.pop("kernel")
     print(result)
     if args.dump:

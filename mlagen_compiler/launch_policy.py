@@ -84,6 +84,63 @@ def select_decode_backend(
     return "triton", why
 
 
+#: prefill backends a module may run, in order of preference
+PREFILL_BACKENDS = ("gluon", "triton")
+#: whether "auto" takes the Gluon prefill where it can run. False on this branch until the kernel has been checked
+#: against the reference and timed against the portable one and cuDNN on a GPU (docs/performance-log.md, "The
+#: Gluon prefill: waiting for a GPU"); MLAGEN_PREFILL_BACKEND=gluon (or backend="gluon") selects it explicitly
+PREFILL_AUTO_GLUON = False
+
+
+def select_prefill_backend(
+    requested,
+    *,
+    eligible,
+    ineligible_reason,
+    gluon_error,
+    interpreting,
+    capability,
+    knobs_given=False,
+    auto_gluon=PREFILL_AUTO_GLUON,
+    name="MLAGEN_PREFILL_BACKEND",
+):
+    """(backend, reason) for prefill launches: "gluon" where it can run (and, for "auto", where auto_gluon says
+    it pays), else "triton" with the reason.
+
+    requested: "auto", "gluon" or "triton" (MLAGEN_PREFILL_BACKEND or the call's backend=, named by `name` in an
+    error); forcing "gluon" where it cannot run is an error naming why. eligible / ineligible_reason: the plan's
+    geometry decision; gluon_error: '' or why the installed Triton's Gluon cannot be used; capability: (major,
+    minor) of the CUDA device, or None off CUDA. "auto" keeps the portable kernel when its knobs (config) are
+    given, and while auto_gluon is False (PREFILL_AUTO_GLUON).
+    """
+    if requested not in ("auto",) + PREFILL_BACKENDS:
+        raise _policy_error(name, f"expected auto, gluon or triton, got {requested!r}")
+    if requested == "triton":
+        return "triton", f"{name}=triton" if name.startswith("MLAGEN_") else f"{name}='triton'"
+    if not eligible:
+        why = f"geometry not taken by the Gluon prefill: {ineligible_reason}"
+    elif gluon_error:
+        why = gluon_error
+    elif interpreting:
+        why = "TRITON_INTERPRET=1: Triton's interpreter cannot run Gluon kernels"
+    elif capability is None:
+        why = "not a CUDA device"
+    elif capability[0] != 9:
+        why = f"compute capability {capability[0]}.{capability[1]}: the Gluon prefill is built for 9.x (Hopper)"
+    elif requested == "auto" and knobs_given:
+        return "triton", "config given: knobs of the portable kernel"
+    elif requested == "auto" and not auto_gluon:
+        return (
+            "triton",
+            "auto keeps the portable prefill until the Gluon prefill is verified on a GPU (gluon on request)",
+        )
+    else:
+        return "gluon", ""
+    if requested == "gluon":
+        raise _policy_error(name, f"'gluon' cannot run here: {why}")
+    return "triton", why
+
+
 def decode_merge(requested, *, backend, batch_size, num_parts, narrow=0, name="merge"):
     """How split sequences are merged: "fused" or "kernel" as requested (MLAGEN_DECODE_MERGE or the call's
     merge=, named by `name` in the error), or for "auto": "fused" for the Gluon backend with query rows as the

@@ -78,6 +78,12 @@ class Options:
         "dtype of split sequences' partial rows (dtype: the output's; auto: the launch policy's)",
     )
     decode_tma: bool = _option("MLAGEN_DECODE_TMA", ("0", "1"), "1", "decode cache tiles through TMA")
+    prefill_backend: str = _option(
+        "MLAGEN_PREFILL_BACKEND",
+        ("auto", "gluon", "triton"),
+        "auto",
+        "prefill backend (auto: the portable kernel for now)",
+    )
     prefill_tma: bool = _option("MLAGEN_PREFILL_TMA", ("0", "1"), "1", "prefill key/value tiles through TMA")
     direct_launch: bool = _option(
         "MLAGEN_DIRECT_LAUNCH", ("0", "1"), "1", "launch compiled kernels without Triton's dispatch"

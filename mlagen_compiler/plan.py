@@ -25,6 +25,7 @@ __all__ = [
     "CACHE_BYTES",
     "DecodePlan",
     "GluonDecodePlan",
+    "GluonPrefillPlan",
     "PlanError",
     "KERNEL_KINDS",
     "KernelKind",
@@ -482,6 +483,8 @@ class PrefillPlan:
     interpreter: PrefillConfig
     #: tokens per program of the LSE merge kernel
     merge_block_t: int
+    #: the Hopper backend (Gluon): eligibility and its constants
+    gluon: GluonPrefillPlan
 
     def template_tables(self, tuned: dict[str, Any]) -> dict[str, Any]:
         """The tables prefill.py.jinja prints; tuned: {"<arch>|<gpu>|<causal or prefix>": config}."""
@@ -490,6 +493,7 @@ class PrefillPlan:
             "prefill_default": self.default.as_tuple(),
             "prefill_interpreter": self.interpreter.as_tuple(),
             "prefill_tuned": {tuple(k.split("|")): tuple(v) for k, v in tuned.items()},
+            "prefill_gluon_reason": self.gluon.reason,
         }
 
 
@@ -573,6 +577,14 @@ class KernelPlan:
             pre["space"] = [c.key() for c in self.prefill.space]
             pre["default"] = self.prefill.default.key()
             pre["interpreter"] = self.prefill.interpreter.key()
+            gluon = self.prefill.gluon
+            verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
+            pre["backend"] = (
+                f"gluon on compute capability 9.x with triton {verified} where asked for (MLAGEN_PREFILL_BACKEND="
+                "gluon); auto: triton until the Gluon prefill is verified on a GPU"
+                if gluon.eligible
+                else f"triton (not gluon: {gluon.reason})"
+            )
             out["prefill"] = pre
         return out
 
@@ -735,6 +747,98 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
     )
 
 
+#: the Gluon prefill's rows: two consumer warpgroups of one warpgroup MMA (64 rows) each, 128 query rows a program
+GLUON_PREFILL_WARPGROUP_ROWS = 64
+GLUON_PREFILL_BLOCK_M = 2 * GLUON_PREFILL_WARPGROUP_ROWS
+#: key positions a block, largest first: the first whose loop-carried registers and two ring stages fit is the plan's
+GLUON_PREFILL_BLOCK_NS = (128, 64)
+#: most ring stages offered (a stage: one key block's k_nope, k_pe and v rows)
+GLUON_PREFILL_MAX_STAGES = 4
+#: fp32 registers a thread of a consumer warpgroup may give the loop-carried tiles (scores, P, accumulator): of the
+#: GLUON_PREFILL_CONSUMER_REGS setmaxnreg gives it, the rest holds addresses, row statistics and MMA descriptors
+GLUON_PREFILL_LIVE_REGS = 176
+#: setmaxnreg of the two consumer warpgroups and of the producer warp (FlashAttention-3's split: 2 x 128 x 240 +
+#: 128 x 24 <= 64K registers, the producer warp's partition counted as a warpgroup)
+GLUON_PREFILL_CONSUMER_REGS = 240
+GLUON_PREFILL_PRODUCER_REGS = 24
+
+
+@dataclass(frozen=True)
+class GluonPrefillPlan:
+    """The warp-specialised Gluon prefill for compute capability 9.x (Hopper); see prefill_gluon.py.jinja.
+
+    One program: ``block_m`` = 128 query rows of one sequence and head, two consumer warpgroups of 64 rows (one
+    warpgroup MMA tall) each, over key blocks of ``block_n`` positions that a producer warp lands by TMA in a
+    ring of ``num_stages`` shared-memory stages (k_nope, k_pe and v rows of one block a stage, K and V behind
+    mbarriers of their own so Q K^T starts before V has landed). Each warpgroup computes S = Q_nope K_nope^T +
+    Q_rope K_pe^T, the online softmax in base 2 and O += P V with P in registers.
+
+    Eligible geometries: Dn, Dr and Dv powers of two in 16..256 (the MMAs' K and N and the TMA boxes; never
+    padded in memory) whose scores, P and accumulator fit GLUON_PREFILL_LIVE_REGS registers a thread with some
+    block_n of GLUON_PREFILL_BLOCK_NS, and whose query tile and two stages fit shared memory. Other geometries,
+    and the interpreter, keep the portable kernel.
+    """
+
+    eligible: bool
+    #: why the geometry is not eligible ('' when it is)
+    reason: str
+    block_m: int
+    #: rows of each of the two consumer warpgroups
+    warpgroup_rows: int
+    block_n: int
+    num_stages: int
+    #: shared memory of one program, bytes
+    smem_bytes: int
+    #: setmaxnreg of the consumer warpgroups and of the producer warp
+    consumer_regs: int
+    producer_regs: int
+    verified_triton: tuple[tuple[int, int], ...]
+
+
+def _gluon_prefill_smem_bytes(dn: int, dr: int, dv: int, block_m: int, block_n: int, stages: int) -> int:
+    """Query tile, `stages` key blocks (k_nope, k_pe, v; 2-byte data) and the mbarriers: the query's, and a
+    ready / free pair for K and for V a stage."""
+    return 2 * (block_m * (dn + dr) + stages * block_n * (dn + dr + dv)) + 8 * (1 + 4 * stages)
+
+
+def _gluon_prefill_live_regs(dv: int, rows: int, block_n: int) -> int:
+    """fp32 registers a consumer thread holds across its block loop: scores, P (16-bit: half) and accumulator."""
+    return (rows * block_n + rows * block_n // 2 + rows * dv) // 128
+
+
+def lower_gluon_prefill(dn: int, dr: int, dv: int) -> GluonPrefillPlan:
+    rows, block_m = GLUON_PREFILL_WARPGROUP_ROWS, GLUON_PREFILL_BLOCK_M
+    reasons = []
+    for name, width in (("Dn", dn), ("Dr", dr), ("Dv", dv)):
+        if width not in (16, 32, 64, 128, 256):
+            reasons.append(f"{name} = {width} is not a power of two in 16..256")
+    fitting = [
+        (block_n, s)
+        for block_n in GLUON_PREFILL_BLOCK_NS
+        if _gluon_prefill_live_regs(dv, rows, block_n) <= GLUON_PREFILL_LIVE_REGS
+        for s in range(2, GLUON_PREFILL_MAX_STAGES + 1)
+        if _gluon_prefill_smem_bytes(dn, dr, dv, block_m, block_n, s) <= GLUON_MAX_SMEM
+    ]
+    if not reasons and not fitting:
+        need = _gluon_prefill_smem_bytes(dn, dr, dv, block_m, GLUON_PREFILL_BLOCK_NS[-1], 2)
+        reasons.append(f"query tile + 2 key stages need {need} B of shared memory > {GLUON_MAX_SMEM}")
+    # the largest block that fits, and the most stages for it
+    block_n = fitting[0][0] if fitting else GLUON_PREFILL_BLOCK_NS[0]
+    stages = max((s for n, s in fitting if n == block_n), default=2)
+    return GluonPrefillPlan(
+        eligible=not reasons,
+        reason="; ".join(reasons),
+        block_m=block_m,
+        warpgroup_rows=rows,
+        block_n=block_n,
+        num_stages=stages,
+        smem_bytes=_gluon_prefill_smem_bytes(dn, dr, dv, block_m, block_n, stages),
+        consumer_regs=GLUON_PREFILL_CONSUMER_REGS,
+        producer_regs=GLUON_PREFILL_PRODUCER_REGS,
+        verified_triton=GLUON_VERIFIED_TRITON,
+    )
+
+
 def prefill_smem_bytes(c: PrefillConfig, dn_pad: int, dr_pad: int, dv_pad: int) -> int:
     """Shared memory of one prefill program: the query tile, num_stages buffers of one key tile (k_nope,
     k_pe and v rows) and a block_m x max(block_n, dv_pad) staging tile, 2 bytes each. This matches what
@@ -802,6 +906,7 @@ def lower_prefill(spec: MLASpec) -> PrefillPlan:
         default=_default_prefill_config(space),
         interpreter=PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1),
         merge_block_t=16,
+        gluon=lower_gluon_prefill(dn, dr, dv),
     )
 
 

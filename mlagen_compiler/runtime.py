@@ -54,6 +54,7 @@ from .launch_policy import (
     gluon_small_batch_schedule,
     next_pow2,
     select_decode_backend,
+    select_prefill_backend,
     tuned_config,
 )
 from .options import options as _options
@@ -1527,6 +1528,42 @@ def prefill_config(m, device=None, bucket="causal"):
     return tuned_config(m.PREFILL_TUNED, m._gpu_key(device), bucket, m.PREFILL_DEFAULT)
 
 
+def prefill_backend(m, device=None, requested=None, *, knobs_given=False):
+    """(backend, reason) for prefill launches on `device` (default: the current CUDA device, else CPU);
+    requested defaults to the prefill_backend option ($MLAGEN_PREFILL_BACKEND, else "auto"). The decision is
+    select_prefill_backend's (launch policy); this gathers the facts it decides on. knobs_given: a config (the
+    portable kernel's knobs) was given."""
+    device = (
+        torch.device(device)
+        if device is not None
+        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
+    )
+    name = "backend" if requested is not None else "MLAGEN_PREFILL_BACKEND"
+    if requested is None:
+        requested = _options().prefill_backend
+    error = m._PREFILL_GLUON_IMPORT_ERROR
+    capability = m._gpu_capability(device) if requested != "triton" and not error else None
+    return select_prefill_backend(
+        requested,
+        eligible=m.PREFILL_GLUON_ELIGIBLE,
+        ineligible_reason=m.PREFILL_GLUON_INELIGIBLE_REASON,
+        gluon_error=error,
+        interpreting=m._INTERPRET,
+        capability=capability,
+        knobs_given=knobs_given,
+        name=name,
+    )
+
+
+def _launch_prefill_on(m, backend, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config):
+    """One prefill launch on the chosen backend (config: the portable kernel's; the Gluon kernel's tile is the
+    plan's)."""
+    if backend == "gluon":
+        m._launch_prefill_gluon(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal)
+    else:
+        launch_prefill(m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config)
+
+
 def _check_cu_seqlens(cu_seqlens, name, device):
     _check_tensor(cu_seqlens, name, ndim=1, dtype=torch.int32, device=device)
     _check(cu_seqlens.shape[0] >= 2, name, f"expected [B+1] with B >= 1, got shape {tuple(cu_seqlens.shape)}")
@@ -1707,9 +1744,12 @@ def mla_prefill(
         (("out", out), ("lse", lse)),
         (("q", q), ("k_nope", k_nope), ("k_pe", k_pe), ("v", v), ("cu_seqlens", cu_seqlens)),
     )
+    backend, _ = prefill_backend(m, device, knobs_given=config is not None)
     config = check_prefill_config(config) if config is not None else prefill_config(m, device, "causal")
     scale = m._softmax_scale(softmax_scale)
-    launch_prefill(m, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config)
+    _launch_prefill_on(
+        m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config
+    )
     return (out, lse) if return_lse else out
 
 
@@ -1919,8 +1959,10 @@ def mla_chunked_prefill(
     if _options().poison_workspace:
         for workspace in (o_prefix, lse_prefix, o_new, lse_new):
             workspace.fill_(float("nan"))
-    launch_prefill(
+    backend, _ = prefill_backend(m, device, knobs_given=config is not None)
+    _launch_prefill_on(
         m,
+        backend,
         q,
         pre_k_nope,
         pre_k_pe,
@@ -1934,8 +1976,9 @@ def mla_chunked_prefill(
         False,
         config if config is not None else prefill_config(m, device, "prefix"),
     )
-    launch_prefill(
+    _launch_prefill_on(
         m,
+        backend,
         q,
         k_nope,
         k_pe,

@@ -371,18 +371,31 @@ def prefill_inputs(
     )
 
 
+def _prefill_backend_options(module: ModuleType, backend: str | None, device: torch.device, tma: bool) -> dict:
+    """The options a prefill check runs under: the TMA switch and (backend given) the prefill backend, checked to
+    be the one a call then takes (a module from before the prefill backends takes only None)."""
+    if backend is None:
+        return {"prefill_tma": tma}
+    with use_options(prefill_backend=backend):
+        chosen, reason = module.prefill_backend(device)
+    assert chosen == backend, reason
+    return {"prefill_tma": tma, "prefill_backend": backend}
+
+
 def assert_prefill_matches_reference(
-    module: ModuleType, problem: PrefillProblem, *, device: torch.device | None = None
+    module: ModuleType, problem: PrefillProblem, *, device: torch.device | None = None, backend: str | None = None
 ) -> None:
-    """mla_prefill == reference.prefill_varlen (causal MHA form), outputs and LSEs."""
+    """mla_prefill == reference.prefill_varlen (causal MHA form), outputs and LSEs. backend: "triton" or "gluon"
+    (run under that prefill_backend option), None: the options in force."""
     __tracebackhide__ = True
     device = device or default_device()
+    chosen = _prefill_backend_options(module, backend, device, problem.tma)
     lengths = problem.lengths
     g = torch.Generator().manual_seed(problem.seed)
     cu = cu_seqlens(lengths, device)
     q, k_nope, k_pe, v = random_mha(module, sum(lengths), g, device)
     out, lse = _poisoned(module, sum(lengths), device)
-    with use_options(prefill_tma=problem.tma):
+    with use_options(**chosen):
         got, got_lse = module.mla_prefill(
             q, k_nope, k_pe, v, cu, max(lengths), softmax_scale=problem.softmax_scale, return_lse=True, out=out,
             lse=lse, config=_tiles_config(module, problem.tiles, device),
@@ -443,12 +456,18 @@ def chunked_prefill_inputs(
 
 
 def assert_chunked_prefill_matches_reference(
-    module: ModuleType, problem: ChunkedPrefillProblem, *, device: torch.device | None = None
+    module: ModuleType,
+    problem: ChunkedPrefillProblem,
+    *,
+    device: torch.device | None = None,
+    backend: str | None = None,
 ) -> None:
     """mla_chunked_prefill == reference.chunked_prefill (full causal attention over the dequantised prefix,
-    expanded in the spec dtype, and the new tokens), outputs and LSEs."""
+    expanded in the spec dtype, and the new tokens), outputs and LSEs. backend: as for
+    assert_prefill_matches_reference."""
     __tracebackhide__ = True
     device = device or default_device()
+    chosen = _prefill_backend_options(module, backend, device, problem.tma)
     lengths, prefix_lens = problem.lengths, problem.prefix_lens
     g = torch.Generator().manual_seed(problem.seed)
     cu = cu_seqlens(lengths, device)
@@ -463,7 +482,7 @@ def assert_chunked_prefill_matches_reference(
     w_uv = (torch.randn(heads, dv, dc, generator=g) / dc**0.5).to(module.DTYPE).to(device)
     out, lse = _poisoned(module, sum(lengths), device)
     total = sum(prefix_lens) if problem.host_prefix_total else None
-    with use_options(prefill_tma=problem.tma):
+    with use_options(**chosen):
         got, got_lse = module.mla_chunked_prefill(
             q, k_nope, k_pe, v, cu, max(lengths), cache, table, plen, w_uk, w_uv, kv_scale=kv_scale,
             softmax_scale=problem.softmax_scale, return_lse=True, out=out, lse=lse,

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from mlagen_compiler.plan import lower_gluon_prefill
 from mlagen_compiler.reference import (
     MLAWeights,
     attention,
@@ -40,6 +41,10 @@ GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like,
     (5, 16, 16, 16, 64),
 ]
 DTYPES = ["bfloat16", "float16"]
+#: the prefill backends: the portable kernel everywhere, the Gluon kernel on Hopper (skipped elsewhere with why)
+BACKENDS = ["triton", "gluon"]
+#: the geometries the Gluon prefill takes (the others always run the portable kernel)
+GLUON_GEOMETRIES = [g for g in GEOMETRIES if lower_gluon_prefill(g[1], g[2], g[3]).eligible]
 
 
 def module_for(build_module, geometry, dtype, page_size=16, cache_dtype=None):
@@ -58,13 +63,29 @@ def module_for(build_module, geometry, dtype, page_size=16, cache_dtype=None):
     )
 
 
+def require_backend(build_module, device, backend):
+    """Skip a Gluon case where the Gluon prefill cannot run (interpreter, not a 9.x GPU, Triton release), with why."""
+    if backend != "gluon":
+        return
+    module = module_for(build_module, GLUON_GEOMETRIES[0], "bfloat16")
+    try:
+        module.prefill_backend(device, "gluon")
+    except ValueError as error:
+        pytest.skip(f"Gluon prefill cannot run here: {error}")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 @given(data=st.data())
-def test_prefill_matches_reference(build_module, device, data):
-    geometry = data.draw(st.sampled_from(GEOMETRIES), label="geometry")
+def test_prefill_matches_reference(build_module, device, backend, data):
+    require_backend(build_module, device, backend)
+    geometries = GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES
+    geometry = data.draw(st.sampled_from(geometries), label="geometry")
     module = module_for(build_module, geometry, data.draw(st.sampled_from(DTYPES), label="dtype"))
-    problem = data.draw(prefill_inputs(module, device=device), label="problem")
+    # (the Gluon kernel's tiles are 128 rows and up to 128 keys: lengths past two of them)
+    longer = {"max_length": 300} if backend == "gluon" else {}
+    problem = data.draw(prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
-    assert_prefill_matches_reference(module, problem, device=device)
+    assert_prefill_matches_reference(module, problem, device=device, backend=backend)
 
 
 @given(data=st.data())
@@ -77,17 +98,20 @@ def test_merge_attn_states_equals_attention_over_the_union(build_module, device,
     assert_merge_matches_reference(module, problem, device=device)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @given(data=st.data())
-def test_chunked_prefill_equals_full_attention(build_module, device, data):
-    geometry = data.draw(st.sampled_from(GEOMETRIES), label="geometry")
+def test_chunked_prefill_equals_full_attention(build_module, device, backend, data):
+    require_backend(build_module, device, backend)
+    geometry = data.draw(st.sampled_from(GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES), label="geometry")
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     page_size = data.draw(st.sampled_from([1, 4, 16]), label="page_size")
     # the prefix in a 16-bit or an fp8 cache (dequantised before it is expanded)
     cache_dtype = data.draw(st.sampled_from([None, "float8_e4m3fn"]), label="cache_dtype")
     module = module_for(build_module, geometry, dtype, page_size, cache_dtype)
-    problem = data.draw(chunked_prefill_inputs(module, device=device), label="problem")
+    longer = {"max_length": 300, "max_prefix": 400} if backend == "gluon" else {}
+    problem = data.draw(chunked_prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
-    assert_chunked_prefill_matches_reference(module, problem, device=device)
+    assert_chunked_prefill_matches_reference(module, problem, device=device, backend=backend)
 
 
 def test_reference_chunked_prefill_is_the_mla_layer():

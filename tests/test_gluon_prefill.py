@@ -1,0 +1,203 @@
+"""The Gluon prefill backend on the CPU: its plan, its rendered source, the prefill_backend option and how a
+module chooses a backend.
+
+The kernel itself cannot run here (Triton's interpreter does not run Gluon); on a GPU the property tests in
+test_prefill.py run both backends.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mlagen_compiler.compile import module_source
+from mlagen_compiler.launch_policy import PREFILL_AUTO_GLUON, select_prefill_backend
+from mlagen_compiler.options import Options, use_options
+from mlagen_compiler.plan import GLUON_MAX_SMEM, lower, lower_gluon_prefill
+from mlagen_compiler.registry import registered_specs, resolve_spec
+from mlagen_compiler.spec import spec_from_dict
+
+PREFILL_SPECS = sorted(name for name in registered_specs() if "prefill" in resolve_spec(name).kernels)
+
+
+def _import_source(source: str, directory: Path, name: str):
+    """Import generated source from a file (Triton's JIT reads the kernels' source from it)."""
+    path = directory / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("name", PREFILL_SPECS)
+def test_bundled_specs_render_gluon_prefill_source(name):
+    spec = resolve_spec(name)
+    plan = lower(spec).prefill.gluon
+    assert plan.eligible, plan.reason
+    assert plan.smem_bytes <= GLUON_MAX_SMEM and plan.num_stages >= 2 and plan.block_m == 2 * plan.warpgroup_rows
+    source = module_source(spec)
+    assert "def _mla_prefill_gluon_kernel(" in source and "def _launch_prefill_gluon(" in source
+    assert f"PREFILL_GLUON_BLOCK_N = {plan.block_n}" in source and f"PREFILL_GLUON_STAGES = {plan.num_stages}" in source
+    compile(source, f"<{name}>", "exec")
+
+
+def test_bundled_prefill_specs_exist():
+    assert {"deepseek-v3-tp8", "deepseek-v3-tp1"} <= set(PREFILL_SPECS)
+    # DeepSeek-V3 (qk 192 = 128 + 64, v 128): 128-key blocks, two stages beside the 128-row query tile
+    plan = lower_gluon_prefill(128, 64, 128)
+    assert (plan.block_m, plan.block_n, plan.num_stages) == (128, 128, 2)
+
+
+@st.composite
+def prefill_specs(draw):
+    return dict(
+        name="gluon-prefill-drawn",
+        num_heads=draw(st.integers(1, 128)),
+        kv_lora_rank=draw(st.sampled_from([64, 128, 256, 512])),
+        qk_rope_head_dim=draw(st.sampled_from([16, 32, 48, 64, 128])),
+        qk_nope_head_dim=draw(st.sampled_from([16, 32, 48, 64, 128, 256])),
+        v_head_dim=draw(st.sampled_from([16, 32, 64, 80, 128, 256])),
+        dtype=draw(st.sampled_from(["bfloat16", "float16"])),
+        kernels=["prefill"],
+    )
+
+
+@given(fields=prefill_specs())
+def test_drawn_geometry_renders_gluon_prefill_source_that_compiles(fields):
+    spec = spec_from_dict(fields)
+    plan = lower(spec).prefill.gluon
+    dims = (fields["qk_nope_head_dim"], fields["qk_rope_head_dim"], fields["v_head_dim"])
+    assert plan == lower_gluon_prefill(*dims)
+    source = module_source(spec)
+    compile(source, "<drawn>", "exec")
+    assert ("def _mla_prefill_gluon_kernel(" in source) == plan.eligible
+    if plan.eligible:
+        assert all(d in (16, 32, 64, 128, 256) for d in dims) and plan.smem_bytes <= GLUON_MAX_SMEM
+    else:
+        assert plan.reason and repr(plan.reason) in source
+
+
+@pytest.mark.parametrize(
+    ("dims", "reason"),
+    [
+        ((48, 64, 128), "Dn = 48 is not a power of two in 16..256"),
+        ((128, 48, 128), "Dr = 48 is not a power of two in 16..256"),
+        ((128, 64, 80), "Dv = 80 is not a power of two in 16..256"),
+        ((128, 64, 512), "Dv = 512 is not a power of two in 16..256"),
+        ((256, 256, 256), "shared memory"),
+    ],
+)
+def test_ineligible_geometries_say_why(dims, reason):
+    plan = lower_gluon_prefill(*dims)
+    assert not plan.eligible and reason in plan.reason
+
+
+def test_show_names_the_prefill_backend():
+    shown = lower(resolve_spec("deepseek-v3-tp8")).summary()["prefill"]["backend"]
+    assert shown.startswith("gluon on compute capability 9.x") and "auto: triton" in shown
+    odd = spec_from_dict(dict(name="odd", num_heads=4, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=48,
+                              v_head_dim=80, kernels=["prefill"]))  # fmt: skip
+    assert lower(odd).summary()["prefill"]["backend"] == (
+        "triton (not gluon: Dn = 48 is not a power of two in 16..256; Dv = 80 is not a power of two in 16..256)"
+    )
+
+
+def test_prefill_backend_option():
+    assert Options.from_env({}).prefill_backend == "auto"
+    for value in ("auto", "gluon", "triton"):
+        assert Options.from_env({"MLAGEN_PREFILL_BACKEND": value}).prefill_backend == value
+    assert Options.from_env({"MLAGEN_PREFILL_BACKEND": " "}).prefill_backend == "auto"
+    with pytest.raises(ValueError, match="^MLAGEN_PREFILL_BACKEND: expected auto, gluon or triton, got 'fast'$"):
+        Options.from_env({"MLAGEN_PREFILL_BACKEND": "fast"})
+    with pytest.raises(ValueError, match="^prefill_backend: expected auto, gluon or triton, got 'cuda'$"):
+        Options(prefill_backend="cuda")
+    assert Options(prefill_backend="gluon").environ()["MLAGEN_PREFILL_BACKEND"] == "gluon"
+
+
+FACTS = dict(eligible=True, ineligible_reason="", gluon_error="", interpreting=False)
+
+
+def test_select_prefill_backend():
+    # auto keeps the portable kernel on this branch until the Gluon prefill is verified on a GPU
+    assert not PREFILL_AUTO_GLUON
+    backend, reason = select_prefill_backend("auto", capability=(9, 0), **FACTS)
+    assert backend == "triton" and "until the Gluon prefill is verified" in reason
+    assert select_prefill_backend("auto", capability=(9, 0), auto_gluon=True, **FACTS) == ("gluon", "")
+    assert select_prefill_backend("gluon", capability=(9, 0), **FACTS) == ("gluon", "")
+    assert select_prefill_backend("triton", capability=(9, 0), **FACTS)[0] == "triton"
+    # config given: the portable kernel's knobs
+    assert select_prefill_backend("auto", capability=(9, 0), knobs_given=True, auto_gluon=True, **FACTS)[0] == "triton"
+    # where it cannot run, auto says why and gluon is an error naming it
+    for capability, why in (((8, 0), "compute capability 8.0"), ((10, 0), "compute capability 10.0"),
+                            (None, "not a CUDA device")):  # fmt: skip
+        backend, reason = select_prefill_backend("auto", capability=capability, auto_gluon=True, **FACTS)
+        assert backend == "triton" and why in reason
+        with pytest.raises(ValueError, match=f"^MLAGEN_PREFILL_BACKEND: 'gluon' cannot run here: {why}"):
+            select_prefill_backend("gluon", capability=capability, **FACTS)
+    interpreting = {**FACTS, "interpreting": True}
+    assert "interpreter" in select_prefill_backend("auto", capability=(9, 0), auto_gluon=True, **interpreting)[1]
+    ineligible = {**FACTS, "eligible": False, "ineligible_reason": "Dv = 80 is not a power of two"}
+    with pytest.raises(ValueError, match="geometry not taken by the Gluon prefill: Dv = 80"):
+        select_prefill_backend("gluon", capability=(9, 0), **ineligible)
+    with pytest.raises(ValueError, match="^backend: expected auto, gluon or triton, got 'x'$"):
+        select_prefill_backend("x", capability=None, name="backend", **FACTS)
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    spec = resolve_spec("deepseek-v3-tp8")
+    return _import_source(module_source(spec), tmp_path_factory.mktemp("prefill_select"), "prefill_select")
+
+
+def test_module_chooses_the_portable_prefill_on_a_cpu(module):
+    cpu = torch.device("cpu")
+    assert module.PREFILL_GLUON_ELIGIBLE and module.PREFILL_GLUON_INELIGIBLE_REASON == ""
+    with use_options(Options.from_env({})):
+        assert module.prefill_backend(cpu)[0] == "triton"
+    with use_options(Options.from_env({"MLAGEN_PREFILL_BACKEND": "triton"})):
+        assert module.prefill_backend(cpu) == ("triton", "MLAGEN_PREFILL_BACKEND=triton")
+    gluon = use_options(Options.from_env({"MLAGEN_PREFILL_BACKEND": "gluon"}))
+    with gluon, pytest.raises(ValueError, match="^MLAGEN_PREFILL_BACKEND: 'gluon' cannot run here"):
+        module.prefill_backend(cpu)
+    with pytest.raises(ValueError, match="^backend: 'gluon' cannot run here"):
+        module.prefill_backend(cpu, "gluon")
+
+
+def test_module_defines_the_gluon_prefill_under_its_triton(module):
+    """Under a Triton release the Gluon prefill was written for, the module defines it and its launch helpers."""
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    assert hasattr(module, "_mla_prefill_gluon_kernel") and hasattr(module, "_launch_prefill_gluon")
+    # the TMA layouts it takes: heads dense, 16-byte rows and start; a strided view is copied first
+    q = torch.empty(8, module.NUM_HEADS, module.QK_NOPE_HEAD_DIM + module.QK_ROPE_HEAD_DIM, dtype=module.DTYPE)
+    assert module._gluon_prefill_tma_ok(q, q.shape[-1])
+    assert not module._gluon_prefill_tma_ok(q[:, :, : module.QK_NOPE_HEAD_DIM], module.QK_NOPE_HEAD_DIM)
+    rows = torch.empty(8, module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM, dtype=module.DTYPE)
+    assert module._gluon_prefill_tma_ok(rows[:, module.KV_LORA_RANK :], module.QK_ROPE_HEAD_DIM)  # k_pe of the cache
+    # the descriptors' boxes: a warpgroup's query rows (nope, rope), one key block (k_nope, k_pe, v)
+    k_nope = torch.empty(8, module.NUM_HEADS * module.QK_NOPE_HEAD_DIM, dtype=module.DTYPE)
+    v = torch.empty(8, module.NUM_HEADS * module.V_HEAD_DIM, dtype=module.DTYPE)
+    descs = module._gluon_prefill_descriptors(q.view(8, -1), k_nope, rows[:, module.KV_LORA_RANK :], v, 128)
+    rows_wg = module.PREFILL_GLUON_WARPGROUP_ROWS
+    assert [list(d.block_shape) for d in descs] == [
+        [rows_wg, module.QK_NOPE_HEAD_DIM],
+        [rows_wg, module.QK_ROPE_HEAD_DIM],
+        [128, module.QK_NOPE_HEAD_DIM],
+        [128, module.QK_ROPE_HEAD_DIM],
+        [128, module.V_HEAD_DIM],
+    ]
+
+
+def test_a_geometry_the_gluon_prefill_rejects_renders_no_gluon_prefill():
+    spec = spec_from_dict(dict(name="no-gluon-prefill", num_heads=4, kv_lora_rank=96, qk_rope_head_dim=16,
+                               qk_nope_head_dim=48, v_head_dim=80, kernels=["prefill"]))  # fmt: skip
+    assert not lower(spec).prefill.gluon.eligible
+    source = module_source(spec)
+    assert "_mla_prefill_gluon_kernel" not in source and "PREFILL_GLUON_ELIGIBLE = False" in source
+    compile(source, "<no-gluon-prefill>", "exec")
