@@ -15,8 +15,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlagen_compiler.compile import module_source
 from mlagen_compiler.launch_policy import PREFILL_AUTO_GLUON, select_prefill_backend
+from mlagen_compiler.module_file import module_source
 from mlagen_compiler.options import Options, use_options
 from mlagen_compiler.plan import GLUON_MAX_SMEM, lower, lower_gluon_prefill
 from mlagen_compiler.registry import registered_specs, resolve_spec
