@@ -20,14 +20,9 @@
 mode=${1:-all}
 case $mode in all | bench | tune) ;; *) echo "h200_decode.sh: unknown mode '$mode' (all, bench or tune)" >&2; exit 2 ;; esac
 set -uo pipefail
-export PYTHONUNBUFFERED=1
 budget=${H200_BUDGET_S:-520}
-out=${OUT:-$PWD/out}
+source benchmarks/device_steps.sh
 mkdir -p "$out/decode"
-if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
-fi
 flash=${H200_FLASH_MLA:-}
 if [ -z "$flash" ]; then
   flash=auto
@@ -37,29 +32,12 @@ if [ -z "$flash" ]; then
     flash=${FLASH_MLA:-.flashmla-build}
   fi
 fi
-export PYTHONPATH=/tmp/site:$PWD
 if [ "$flash" = vllm ]; then
   export PYTHONPATH=/tmp/vllm-rig/site:$PYTHONPATH VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 fi
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "commit ${MLAGEN_BENCH_COMMIT:-?}; FlashMLA: --flash-mla $flash; budget $budget s"
-
-step() {  # name, seconds at most, command...: its output in $OUT/name.log, the lines that matter here
-  local name=$1 limit=$2 began=$SECONDS
-  shift 2
-  local left=$((budget - SECONDS))
-  [ "$limit" -gt "$left" ] && limit=$left
-  if [ "$limit" -lt 30 ]; then
-    echo "$name: NOT RUN (${left} s of the budget left)"
-    return
-  fi
-  timeout -k 10 "$limit" "$@" >"$out/$name.log" 2>&1
-  local status=$?
-  echo "$name: exit $status after $((SECONDS - began)) s (limit $limit s)"
-  grep -E "^(#|\||\[flash-mla\]|FAILED|FlashMLA failed|tuning |tuned once|wrote |WRONG|NOT PICKED|NO WORKING|spec |deepseek)" \
-    "$out/$name.log" | cut -c1-400
-  [ $status = 0 ] || tail -n 4 "$out/$name.log" | cut -c1-400
-}
+STEP_LINES='^(#|\||\[flash-mla\]|FAILED|FlashMLA failed|tuning |tuned once|wrote |WRONG|NOT PICKED|NO WORKING|spec |deepseek)'
 
 # the issue's cases (names as bench_decode.py's --only matches them: substrings)
 cases="H16 B128 S8192 Sq1 fix,H64 B128 S8192 Sq1 fix,H128 B128 S8192 Sq1 fix,H128 B128 S8192 Sq2 fix"
