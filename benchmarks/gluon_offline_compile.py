@@ -269,6 +269,9 @@ def compile_prefill_offline(
         out.stride(0),
         out.stride(1),
         tokens,
+        4 * heads,  # pairs
+        -(-tokens // module.PREFILL_GLUON_BLOCK_M),  # m_blocks
+        heads,  # section_pairs
         H=heads,
         DN=dn,
         DR=dr,

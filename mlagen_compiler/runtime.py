@@ -65,6 +65,8 @@ TRITON_VERSION = (int(_release.group(1)), int(_release.group(2))) if _release el
 
 #: SM count assumed under the interpreter, so CPU runs still split the cache into several runs
 INTERPRETER_SM_COUNT = 2
+#: L2 cache assumed under the interpreter (an H100's)
+INTERPRETER_L2_BYTES = 50 * 2**20
 
 #: log2(e): kernels work in base 2 (qk_scale = softmax scale * log2(e))
 LOG2E = 1.4426950408889634
@@ -84,6 +86,17 @@ _options()
 # ---- the device ---------------------------------------------------------------------------------------
 
 _SM_COUNT = {}
+_L2_BYTES = {}
+
+
+def l2_cache_bytes(device):
+    """The L2 cache of a CUDA device, bytes (INTERPRETER_L2_BYTES under the interpreter)."""
+    if _INTERPRET or device.type != "cuda":
+        return INTERPRETER_L2_BYTES
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _L2_BYTES:
+        _L2_BYTES[index] = torch.cuda.get_device_properties(index).L2_cache_size
+    return _L2_BYTES[index]
 
 
 def _sm_count(device):
