@@ -271,7 +271,7 @@ def compile_prefill_offline(
         tokens,
         4 * heads,  # pairs
         -(-tokens // module.PREFILL_GLUON_BLOCK_M),  # m_blocks
-        heads,  # section_pairs
+        4,  # sections
         H=heads,
         DN=dn,
         DR=dr,

@@ -14,10 +14,12 @@ budget=${H200_BUDGET_S:-520}
 source benchmarks/device_steps.sh
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "commit ${MLAGEN_BENCH_COMMIT:-?}; budget $budget s"
-STEP_LINES='^(# |[A-Za-z_]+ [HB]=|chunked|FAILED|ERROR|[0-9]+ (passed|failed)|.*(passed|failed) in )'
+STEP_LINES='^(# |[A-Za-z_]+ [HB]=|chunked|FAILED|ERROR|Timeout|[0-9.]+s (call|setup) |.*(passed|failed) in )'
 if [ "$mode" = all ] || [ "$mode" = tests ]; then
-  MLAGEN_HYPOTHESIS_PROFILE=ci step tests 200 python3 -m pytest -q -p no:cacheprovider -rfE --tb=short \
-    tests/test_prefill.py tests/test_gluon_prefill.py
+  # (-v and the durations: which test a cut run was in, and where the time went; a test still running after
+  # 100 s has its stack dumped)
+  MLAGEN_HYPOTHESIS_PROFILE=ci step tests 200 python3 -m pytest -v -p no:cacheprovider -rfE --tb=short \
+    --durations=8 -o faulthandler_timeout=100 tests/test_prefill.py tests/test_gluon_prefill.py
 fi
 if [ "$mode" = all ] || [ "$mode" = bench ]; then
   # shellcheck disable=SC2086

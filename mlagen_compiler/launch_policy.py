@@ -145,18 +145,21 @@ def select_prefill_backend(
 PREFILL_SECTION_L2_SHARE = 0.5
 
 
-def prefill_section_pairs(pairs, keys_per_pair, bytes_per_key, l2_bytes, *, share=PREFILL_SECTION_L2_SHARE):
-    """(sequence, head) pairs in one section of the Gluon prefill's tile order.
+def prefill_sections(pairs, keys_per_pair, bytes_per_key, l2_bytes, *, share=PREFILL_SECTION_L2_SHARE):
+    """Sections of the Gluon prefill's tile order: the (sequence, head) pairs in this many runs of consecutive
+    pairs, their sizes differing by at most one.
 
     Programs start in order of their index, so those of one section (its pairs' row blocks, heaviest first, the
-    pairs alternating fastest) run at about the same time and read only their pairs' keys and values. A section
-    whose keys and values fit `share` of the L2 cache reads them from memory about once, where one section of
-    every pair (row blocks outermost) has each program stream its own pair's keys from memory. At least one pair,
-    at most all. keys_per_pair: key positions of one sequence (an average for varlen batches); bytes_per_key: the
-    bytes of one position of one head's keys and values. Evidence: docs/performance-log.md,
-    `prefill_section_pairs`."""
+    pairs alternating fastest) run at about the same time and read only their pairs' keys and values. Sections
+    whose keys and values fit `share` of the L2 cache read them from memory about once, where one section of
+    every pair (row blocks outermost) has each program stream its own pair's keys from memory. Sizes as equal as
+    they can be: a last section of a few pairs would leave most SMs idle while its heavy blocks run. At least one
+    section, at most one a pair. keys_per_pair: key positions of one sequence (an average for varlen batches);
+    bytes_per_key: the bytes of one position of one head's keys and values. Evidence: docs/performance-log.md,
+    `prefill_sections`."""
     per_pair = max(1, int(keys_per_pair) * int(bytes_per_key))
-    return max(1, min(int(pairs), int(l2_bytes * share) // per_pair))
+    most = max(1, min(int(pairs), int(l2_bytes * share) // per_pair))
+    return cdiv(int(pairs), most)
 
 
 def decode_merge(requested, *, backend, batch_size, num_parts, narrow=0, name="merge"):

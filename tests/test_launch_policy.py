@@ -398,3 +398,19 @@ def test_gluon_small_narrow_batches_take_half_the_sms_and_short_runs():
     # the slots then go through decode_num_parts: aligned runs for B8 (8 a sequence), balanced for B4 skewed
     slots, _ = lp.gluon_small_batch_schedule(132, narrow=16, batch_size=8, **common)
     assert lp.decode_num_parts(None, sm_count=slots, parts_per_sm=1, row_blocks=1, batch_size=8, align_runs=True) == 64
+
+
+def test_prefill_sections_fit_the_l2_share():
+    mib = 2**20
+    # 16 heads of 4096 keys at 512 bytes a key: 2 MiB a pair; half of a 50 MiB L2 holds 12 pairs: 2 sections
+    assert lp.prefill_sections(16, 4096, 512, 50 * mib) == 2
+    # everything fits: one section
+    assert lp.prefill_sections(16, 1024, 512, 50 * mib) == 1
+    # a pair larger than the share: one pair a section
+    assert lp.prefill_sections(128, 131072, 512, 50 * mib) == 128
+    for pairs in (1, 7, 21, 64, 129, 512):
+        for keys in (1, 300, 8192, 32768):
+            sections = lp.prefill_sections(pairs, keys, 512, 50 * mib)
+            assert 1 <= sections <= pairs
+            largest = -(-pairs // sections)  # sections hold pairs // sections or one more
+            assert largest * keys * 512 <= 25 * mib or largest == 1
