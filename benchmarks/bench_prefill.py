@@ -416,10 +416,10 @@ def run_varlen(module, heads, lengths, gen, device) -> dict:
             row["impl"][name] = None
             print(f"#   {name} {case}: not available ({type(error).__name__}: {str(error)[:160]})")
     if q.numel() >= 2**31:
-        # (FlexAttention's kernel indexes its inputs with 32-bit offsets: past 2**31 elements it reads out of
-        # bounds, and the illegal address ends the process's CUDA context)
+        # (FlexAttention ended with an illegal memory access on the 128-head ragged batch, a q of about 2.4e9
+        # elements, and the error ends the process's CUDA context; 32-bit offsets are the likely cause)
         row["impl"]["flex"] = None
-        print(f"#   flex {case}: not run (q has {q.numel()} elements, past 32-bit offsets)")
+        print(f"#   flex {case}: not run (q has {q.numel()} elements, 2**31 or more)")
         return finish_row(row)
     try:
         fn = flex_document_variant(q, k, v, lengths)

@@ -86,9 +86,10 @@ def select_decode_backend(
 
 #: prefill backends a module may run, in order of preference
 PREFILL_BACKENDS = ("gluon", "triton")
-#: whether "auto" takes the Gluon prefill where it can run. False on this branch until the kernel has been checked
-#: against the reference and timed against the portable one and cuDNN on a GPU (docs/performance-log.md, "The
-#: Gluon prefill: waiting for a GPU"); MLAGEN_PREFILL_BACKEND=gluon (or backend="gluon") selects it explicitly
+#: whether "auto" takes the Gluon prefill where it can run. False while a Gluon launch costs the host more than a
+#: short prefill's kernel time (through mla_prefill a 16-head 4096-token prefill ran at half the kernel's speed);
+#: evidence: docs/performance-log.md, "The Gluon prefill on the H200". MLAGEN_PREFILL_BACKEND=gluon (or
+#: backend="gluon") selects it explicitly
 PREFILL_AUTO_GLUON = False
 
 
@@ -132,7 +133,8 @@ def select_prefill_backend(
     elif requested == "auto" and not auto_gluon:
         return (
             "triton",
-            "auto keeps the portable prefill until the Gluon prefill is verified on a GPU (gluon on request)",
+            "auto keeps the portable prefill while the Gluon launch's host cost exceeds a short prefill's kernel time "
+            "(gluon on request)",
         )
     else:
         return "gluon", ""
