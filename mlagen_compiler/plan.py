@@ -581,7 +581,7 @@ class KernelPlan:
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
             pre["backend"] = (
                 f"gluon on compute capability 9.x with triton {verified} where asked for (MLAGEN_PREFILL_BACKEND="
-                "gluon); auto: triton until the Gluon prefill is verified on a GPU"
+                "gluon); auto: triton while the Gluon launch's host cost exceeds a short prefill's kernel time"
                 if gluon.eligible
                 else f"triton (not gluon: {gluon.reason})"
             )
