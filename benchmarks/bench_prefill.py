@@ -352,20 +352,21 @@ def run_case(module, heads, batch, seqlen, gen, device, sweep, sweeps) -> dict:
             best = min(timed, key=lambda x: x["ms"])
             row["best_swept"] = {"config": best["config"], "ms": best["ms"]}
     for name, fn in sdpa_variants(qd, kd, vd).items():
-        try:
-            fn()
-            row["impl"][name] = bench(fn)
-        except Exception as error:  # noqa: BLE001 - backend does not take these shapes
-            row["impl"][name] = None
-            print(f"#   {name} {case}: not available ({type(error).__name__}: {str(error)[:100]})")
-    try:
-        fn = flex_variant(qd, kd, vd, seqlen)
-        fn()
-        row["impl"]["flex"] = bench(fn)
-    except Exception as error:  # noqa: BLE001
-        row["impl"]["flex"] = None
-        print(f"#   flex {case}: failed ({type(error).__name__}: {str(error)[:200]})")
+        row["impl"][name] = time_baseline(f"{name} {case}", lambda fn=fn: fn)
+    row["impl"]["flex"] = time_baseline(f"flex {case}", lambda: flex_variant(qd, kd, vd, seqlen))
     return finish_row(row)
+
+
+def time_baseline(label: str, make) -> float | None:
+    """Median ms of the callable make() returns, after one untimed call; None (and why, printed) where building
+    or calling it fails: a baseline that does not take these shapes is reported, not fatal."""
+    try:
+        fn = make()
+        fn()
+        return bench(fn)
+    except Exception as error:  # noqa: BLE001 - reported as the row's outcome
+        print(f"#   {label}: not available ({type(error).__name__}: {str(error)[:160]})")
+        return None
 
 
 def finish_row(row: dict) -> dict:
@@ -409,25 +410,14 @@ def run_varlen(module, heads, lengths, gen, device) -> dict:
     del ref
     k = torch.cat([kn, kp[:, None, :].expand(-1, heads, -1)], dim=-1)
     for name, fn in ragged_sdpa_variants(q, k, v, cu, lengths).items():
-        try:
-            fn()
-            row["impl"][name] = bench(fn)
-        except Exception as error:  # noqa: BLE001 - backend does not take the ragged batch
-            row["impl"][name] = None
-            print(f"#   {name} {case}: not available ({type(error).__name__}: {str(error)[:160]})")
+        row["impl"][name] = time_baseline(f"{name} {case}", lambda fn=fn: fn)
     if q.numel() >= 2**31:
         # (FlexAttention ended with an illegal memory access on the 128-head ragged batch, a q of about 2.4e9
         # elements, and the error ends the process's CUDA context; 32-bit offsets are the likely cause)
         row["impl"]["flex"] = None
         print(f"#   flex {case}: not run (q has {q.numel()} elements, 2**31 or more)")
         return finish_row(row)
-    try:
-        fn = flex_document_variant(q, k, v, lengths)
-        fn()
-        row["impl"]["flex"] = bench(fn)
-    except Exception as error:  # noqa: BLE001
-        row["impl"]["flex"] = None
-        print(f"#   flex {case}: failed ({type(error).__name__}: {str(error)[:200]})")
+    row["impl"]["flex"] = time_baseline(f"flex {case}", lambda: flex_document_variant(q, k, v, lengths))
     return finish_row(row)
 
 
@@ -711,12 +701,7 @@ def chunked_cudnn(module, qd, kd, vd, prefix, want) -> dict:
         result["cudnn_mask"], result["cudnn_passed"] = way, result.get("cudnn_passed", False)
         result["cudnn_ms"] = bench(lambda: call(kwargs))
     del ways, fallback
-    try:
-        prefix_only()
-        result["cudnn_prefix_ms"] = bench(prefix_only)
-    except Exception as error:  # noqa: BLE001
-        result["cudnn_prefix_ms"] = None
-        print(f"#   chunked sdpa_cudnn prefix H={heads}: not available ({type(error).__name__}: {str(error)[:160]})")
+    result["cudnn_prefix_ms"] = time_baseline(f"chunked sdpa_cudnn prefix H={heads}", lambda: prefix_only)
     return result
 
 

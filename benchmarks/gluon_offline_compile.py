@@ -45,6 +45,18 @@ class _OfflineHopperDriver:
         return torch.device("cpu")
 
 
+def _load_offline(module_path):
+    """The generated module at module_path, imported with the stand-in Hopper driver active (nothing launches)."""
+    from triton.runtime.driver import driver
+
+    os.environ.pop("TRITON_INTERPRET", None)
+    driver.set_active(_OfflineHopperDriver())
+    spec = importlib.util.spec_from_file_location("offline_module", module_path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def compile_offline(
     module_path: str,
     seqlen_q: int = 1,
@@ -65,13 +77,8 @@ def compile_offline(
     query tile in its landing ring (older modules: in short blocks). long_blocks:
     the long blocks of gluon_long_blocks (a 16-bit cache; pages of the module's size)."""
     from triton.experimental.gluon import language as gl
-    from triton.runtime.driver import driver
 
-    os.environ.pop("TRITON_INTERPRET", None)
-    driver.set_active(_OfflineHopperDriver())
-    spec = importlib.util.spec_from_file_location("offline_module", module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_offline(module_path)
     assert not module._GLUON_IMPORT_ERROR, module._GLUON_IMPORT_ERROR
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     batch, heads = 4, module.NUM_HEADS
@@ -241,13 +248,7 @@ def compile_prefill_offline(
     """Compile the module's _mla_prefill_gluon_kernel (causal, or the non-causal prefix attention of chunked
     prefill, whose outputs are float32 partials: float32_out); returns ptxas' numbers. block_n / stages / the
     registers: the plan's unless given."""
-    from triton.runtime.driver import driver
-
-    os.environ.pop("TRITON_INTERPRET", None)
-    driver.set_active(_OfflineHopperDriver())
-    spec = importlib.util.spec_from_file_location("offline_module", module_path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_offline(module_path)
     assert not module._PREFILL_GLUON_IMPORT_ERROR, module._PREFILL_GLUON_IMPORT_ERROR
     tokens, heads = 1024, module.NUM_HEADS
     dn, dr, dv = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM

@@ -36,6 +36,22 @@ def cdiv(a, b):
     return -(-a // b)
 
 
+def _gluon_unavailable(kernel, eligible, ineligible_reason, gluon_error, interpreting, capability):
+    """Why a Gluon kernel ("decode" or "prefill") cannot run here, or '' where it can: the plan's geometry, the
+    installed Triton's Gluon, the interpreter, the device and its compute capability (9.x), in that order."""
+    if not eligible:
+        return f"geometry not taken by the Gluon {kernel}: {ineligible_reason}"
+    if gluon_error:
+        return gluon_error
+    if interpreting:
+        return "TRITON_INTERPRET=1: Triton's interpreter cannot run Gluon kernels"
+    if capability is None:
+        return "not a CUDA device"
+    if capability[0] != 9:
+        return f"compute capability {capability[0]}.{capability[1]}: the Gluon {kernel} is built for 9.x (Hopper)"
+    return ""
+
+
 def select_decode_backend(
     requested,
     *,
@@ -63,21 +79,12 @@ def select_decode_backend(
         raise _policy_error(name, f"expected auto, gluon or triton, got {requested!r}")
     if requested == "triton":
         return "triton", "MLAGEN_DECODE_BACKEND=triton"
-    if not eligible:
-        why = f"geometry not taken by the Gluon decode: {ineligible_reason}"
-    elif gluon_error:
-        why = gluon_error
-    elif interpreting:
-        why = "TRITON_INTERPRET=1: Triton's interpreter cannot run Gluon kernels"
-    elif capability is None:
-        why = "not a CUDA device"
-    elif capability[0] != 9:
-        why = f"compute capability {capability[0]}.{capability[1]}: the Gluon decode is built for 9.x (Hopper)"
-    elif requested == "auto" and knobs_given:
-        return "triton", "config or block_m given: knobs of the portable kernel"
-    elif requested == "auto" and total_rows is not None and total_rows <= latency_rows:
-        return "triton", f"latency regime: {total_rows} query rows in all"
-    else:
+    why = _gluon_unavailable("decode", eligible, ineligible_reason, gluon_error, interpreting, capability)
+    if not why:
+        if requested == "auto" and knobs_given:
+            return "triton", "config or block_m given: knobs of the portable kernel"
+        if requested == "auto" and total_rows is not None and total_rows <= latency_rows:
+            return "triton", f"latency regime: {total_rows} query rows in all"
         return "gluon", ""
     if requested == "gluon":
         raise _policy_error(name, f"'gluon' cannot run here: {why}")
@@ -118,25 +125,16 @@ def select_prefill_backend(
         raise _policy_error(name, f"expected auto, gluon or triton, got {requested!r}")
     if requested == "triton":
         return "triton", f"{name}=triton" if name.startswith("MLAGEN_") else f"{name}='triton'"
-    if not eligible:
-        why = f"geometry not taken by the Gluon prefill: {ineligible_reason}"
-    elif gluon_error:
-        why = gluon_error
-    elif interpreting:
-        why = "TRITON_INTERPRET=1: Triton's interpreter cannot run Gluon kernels"
-    elif capability is None:
-        why = "not a CUDA device"
-    elif capability[0] != 9:
-        why = f"compute capability {capability[0]}.{capability[1]}: the Gluon prefill is built for 9.x (Hopper)"
-    elif requested == "auto" and knobs_given:
-        return "triton", "config given: knobs of the portable kernel"
-    elif requested == "auto" and not auto_gluon:
-        return (
-            "triton",
-            "auto keeps the portable prefill while the Gluon launch's host cost exceeds a short prefill's kernel time "
-            "(gluon on request)",
-        )
-    else:
+    why = _gluon_unavailable("prefill", eligible, ineligible_reason, gluon_error, interpreting, capability)
+    if not why:
+        if requested == "auto" and knobs_given:
+            return "triton", "config given: knobs of the portable kernel"
+        if requested == "auto" and not auto_gluon:
+            return (
+                "triton",
+                "auto keeps the portable prefill while the Gluon launch's host cost exceeds a short prefill's "
+                "kernel time (gluon on request)",
+            )
         return "gluon", ""
     if requested == "gluon":
         raise _policy_error(name, f"'gluon' cannot run here: {why}")

@@ -85,27 +85,29 @@ _options()
 
 # ---- the device ---------------------------------------------------------------------------------------
 
-_SM_COUNT = {}
-_L2_BYTES = {}
+#: (property name, device index) -> value, read once a device
+_DEVICE_PROPERTIES = {}
+
+
+def _device_property(device, name, interpreted):
+    """torch.cuda.get_device_properties(device).<name>, read once a device; `interpreted` under the interpreter
+    and off CUDA."""
+    if _INTERPRET or device.type != "cuda":
+        return interpreted
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (name, index)
+    if key not in _DEVICE_PROPERTIES:
+        _DEVICE_PROPERTIES[key] = getattr(torch.cuda.get_device_properties(index), name)
+    return _DEVICE_PROPERTIES[key]
 
 
 def l2_cache_bytes(device):
     """The L2 cache of a CUDA device, bytes (INTERPRETER_L2_BYTES under the interpreter)."""
-    if _INTERPRET or device.type != "cuda":
-        return INTERPRETER_L2_BYTES
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _L2_BYTES:
-        _L2_BYTES[index] = torch.cuda.get_device_properties(index).L2_cache_size
-    return _L2_BYTES[index]
+    return _device_property(device, "L2_cache_size", INTERPRETER_L2_BYTES)
 
 
 def _sm_count(device):
-    if _INTERPRET or device.type != "cuda":
-        return INTERPRETER_SM_COUNT
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SM_COUNT:
-        _SM_COUNT[index] = torch.cuda.get_device_properties(index).multi_processor_count
-    return _SM_COUNT[index]
+    return _device_property(device, "multi_processor_count", INTERPRETER_SM_COUNT)
 
 
 _GPU_CAPABILITY = {}

@@ -4,6 +4,9 @@ which the library's verify command and tuner use too.
 Use as `{**SMALL_SPEC, "name": ..., <the fields a test is about>}`.
 """
 
+import importlib.util
+from pathlib import Path
+
 #: DeepSeek-V3 at tensor parallel 8: the geometry the product is for (spec and plan tests)
 DEEPSEEK_V3_TP8_SPEC = {
     "name": "deepseek-like",
@@ -28,3 +31,13 @@ SMALL_SPEC = {
     "page_size": 16,
     "dtype": "float16",
 }
+
+
+def import_source(source: str, directory: Path, name: str):
+    """Import generated source from a file (Triton's JIT reads the kernels' source from it)."""
+    path = directory / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -6,13 +6,12 @@ tests in test_decode.py run them for every backend.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 from unittest.mock import patch
 
 import pytest
 import triton
+from helpers import import_source
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,16 +22,6 @@ from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import spec_from_dict
 
 GEOMETRY = dict(qk_nope_head_dim=64, v_head_dim=64)
-
-
-def _import_source(source: str, directory: Path, name: str):
-    """Import generated source from a file (Triton's JIT reads the kernels' source from it)."""
-    path = directory / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("name", sorted(registered_specs()))
@@ -106,7 +95,7 @@ def test_stages_fill_shared_memory():
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
     spec = spec_from_dict(dict(name="select-me", num_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, **GEOMETRY))
-    return _import_source(module_source(spec), tmp_path_factory.mktemp("select"), "select_me")
+    return import_source(module_source(spec), tmp_path_factory.mktemp("select"), "select_me")
 
 
 def test_environment_variable_forces_a_backend(module):
@@ -132,7 +121,7 @@ def test_unverified_triton_release_imports_without_gluon_kernels(tmp_path):
     source = module_source(spec)
     unverified = f"{max(GLUON_VERIFIED_TRITON)[0]}.{max(GLUON_VERIFIED_TRITON)[1] + 3}.0"
     with patch.object(triton, "__version__", unverified):
-        module = _import_source(source, tmp_path, "future")
+        module = import_source(source, tmp_path, "future")
     assert f"triton {unverified} is not a release the Gluon decode was verified with" in module._GLUON_IMPORT_ERROR
     assert not hasattr(module, "_mla_decode_gluon_kernel")
     backend, reason = module.select_decode_backend(
@@ -150,7 +139,7 @@ def test_gluon_api_missing_falls_back(monkeypatch, tmp_path):
     spec = spec_from_dict(dict(name="no-gluon", num_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, **GEOMETRY))
     source = module_source(spec)
     monkeypatch.setitem(sys.modules, "triton.experimental.gluon", None)  # "import ... gluon" raises
-    module = _import_source(source, tmp_path, "no_gluon")
+    module = import_source(source, tmp_path, "no_gluon")
     if module.TRITON_VERSION in GLUON_VERIFIED_TRITON:
         assert "triton.experimental.gluon is unusable" in module._GLUON_IMPORT_ERROR
     assert module._GLUON_IMPORT_ERROR and not hasattr(module, "_mla_decode_gluon_kernel")
@@ -179,7 +168,7 @@ def test_gluon_producer_kind(tmp_path, name):
     import torch
 
     spec = resolve_spec(name)
-    module = _import_source(module_source(spec), tmp_path, name.replace("-", "_"))
+    module = import_source(module_source(spec), tmp_path, name.replace("-", "_"))
     if module._GLUON_IMPORT_ERROR:
         pytest.skip(f"the Gluon kernels are not defined under this Triton: {module._GLUON_IMPORT_ERROR}")
     width, page = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM, module.PAGE_SIZE
@@ -224,7 +213,7 @@ def test_fp8_module_selects_gluon_on_hopper(tmp_path):
     """An fp8-cache module holds the Gluon kernels (with the converting producer) and chooses them on a
     compute capability 9.x GPU; elsewhere, and when asked, the portable kernel."""
     spec = resolve_spec("deepseek-v3-tp8-fp8")
-    module = _import_source(module_source(spec), tmp_path, "fp8_select")
+    module = import_source(module_source(spec), tmp_path, "fp8_select")
     assert module.CACHE_FORMAT.scaled and module.DECODE_GLUON_ELIGIBLE and module.DECODE_GLUON_INELIGIBLE_REASON == ""
     facts = dict(
         eligible=module.DECODE_GLUON_ELIGIBLE,

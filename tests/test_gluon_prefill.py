@@ -7,11 +7,9 @@ test_prefill.py run both backends.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
+from helpers import import_source
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -23,16 +21,6 @@ from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import spec_from_dict
 
 PREFILL_SPECS = sorted(name for name in registered_specs() if "prefill" in resolve_spec(name).kernels)
-
-
-def _import_source(source: str, directory: Path, name: str):
-    """Import generated source from a file (Triton's JIT reads the kernels' source from it)."""
-    path = directory / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("name", PREFILL_SPECS)
@@ -152,7 +140,7 @@ def test_select_prefill_backend():
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
     spec = resolve_spec("deepseek-v3-tp8")
-    return _import_source(module_source(spec), tmp_path_factory.mktemp("prefill_select"), "prefill_select")
+    return import_source(module_source(spec), tmp_path_factory.mktemp("prefill_select"), "prefill_select")
 
 
 def test_module_chooses_the_portable_prefill_on_a_cpu(module):
