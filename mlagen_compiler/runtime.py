@@ -101,6 +101,13 @@ def _device_property(device, name, interpreted):
     return _DEVICE_PROPERTIES[key]
 
 
+def _device_or_default(device):
+    """`device` as a torch.device; None: the current CUDA device where there is one, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def l2_cache_bytes(device):
     """The L2 cache of a CUDA device, bytes (INTERPRETER_L2_BYTES under the interpreter)."""
     return _device_property(device, "L2_cache_size", INTERPRETER_L2_BYTES)
@@ -908,11 +915,7 @@ def decode_backend(m, device=None, requested=None, *, knobs_given=False, total_r
     """(backend, reason) for decode launches on `device` (default: the current CUDA device, else CPU);
     requested defaults to the decode_backend option ($MLAGEN_DECODE_BACKEND, else "auto"). The decision is
     select_decode_backend's (launch policy); this gathers the facts it decides on."""
-    device = (
-        torch.device(device)
-        if device is not None
-        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
-    )
+    device = _device_or_default(device)
     name = "backend" if requested is not None else "MLAGEN_DECODE_BACKEND"
     if requested is None:
         requested = _options().decode_backend
@@ -1144,11 +1147,7 @@ def get_decode_schedule(
     """
     _check_host_int(batch_size, "batch_size", 1)
     _check_host_int(seqlen_q, "seqlen_q", 1)
-    device = (
-        torch.device(device)
-        if device is not None
-        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
-    )
+    device = _device_or_default(device)
     _check_device(device, "device")
     rows = seqlen_q * m.NUM_HEADS
     chosen, reason = m.decode_backend(
@@ -1533,11 +1532,7 @@ def prefill_config(m, device=None, bucket="causal"):
 
     bucket: "causal" (new tokens among themselves) or "prefix" (new tokens against a cached prefix).
     """
-    device = (
-        torch.device(device)
-        if device is not None
-        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
-    )
+    device = _device_or_default(device)
     if m._INTERPRET or device.type != "cuda":
         return m.PREFILL_INTERPRETER_CONFIG
     return tuned_config(m.PREFILL_TUNED, m._gpu_key(device), bucket, m.PREFILL_DEFAULT)
@@ -1548,11 +1543,7 @@ def prefill_backend(m, device=None, requested=None, *, knobs_given=False):
     requested defaults to the prefill_backend option ($MLAGEN_PREFILL_BACKEND, else "auto"). The decision is
     select_prefill_backend's (launch policy); this gathers the facts it decides on. knobs_given: a config (the
     portable kernel's knobs) was given."""
-    device = (
-        torch.device(device)
-        if device is not None
-        else (torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu"))
-    )
+    device = _device_or_default(device)
     name = "backend" if requested is not None else "MLAGEN_PREFILL_BACKEND"
     if requested is None:
         requested = _options().prefill_backend
