@@ -25,12 +25,10 @@ Writes before_after.json into --out (default $OUT, else ./out); --append adds on
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +39,7 @@ import bench_prefill
 import harness
 import torch
 
+from mlagen_compiler.module_file import import_module_from_path
 from mlagen_compiler.verify import compare
 
 DECODE_BACKENDS = ("gluon", "triton")
@@ -50,12 +49,7 @@ PREFILL_MODULES = {16: "deepseek_v3_tp8", 128: "deepseek_v3_tp1"}
 
 
 def load_module(path: Path, label: str):
-    name = f"_before_after_{label}_{path.stem}"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return import_module_from_path(path, f"_before_after_{label}_{path.stem}")
 
 
 class Builds:

@@ -108,8 +108,19 @@ def bench(fn) -> float:
     return harness.median_ms(fn, warmup=25, rep=150)
 
 
+def geometry(module) -> tuple[int, int, int, int, int]:
+    """(heads, Dn, Dr, Dv, Dc) of a generated module: the shapes its prefill inputs and latent cache are drawn in."""
+    return (
+        module.NUM_HEADS,
+        module.QK_NOPE_HEAD_DIM,
+        module.QK_ROPE_HEAD_DIM,
+        module.V_HEAD_DIM,
+        module.KV_LORA_RANK,
+    )
+
+
 def make_inputs(module, batch, seqlen, gen, device):
-    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    heads, dn, dr, dv, _ = geometry(module)
     total = batch * seqlen
     dt = module.DTYPE
 
@@ -191,8 +202,7 @@ def varlen_reference(module, q, k_nope, k_pe, v, lengths) -> torch.Tensor:
 def small_reference_check(module, device, gen) -> dict:
     """Varlen lengths around the tile sizes vs the fp64 reference, prefill and chunked prefill."""
     lens = [1, 15, 17, 33] if DRY_RUN else [1, 63, 64, 65, 127, 129, 300, 1000]
-    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
-    dc = module.KV_LORA_RANK
+    heads, dn, dr, dv, dc = geometry(module)
     total = sum(lens)
     dt = module.DTYPE
 
@@ -396,7 +406,7 @@ def run_varlen(module, heads, lengths, gen, device) -> dict:
     them, cuDNN's per-sequence calls replayed from one CUDA graph, FlexAttention with a document mask."""
     n, case = len(lengths), f"H={heads} varlen {len(lengths)}x{min(lengths)}-{max(lengths)}"
     total, max_len = sum(lengths), max(lengths)
-    dn, dr, dv = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    _, dn, dr, dv, _ = geometry(module)
 
     def rnd(*shape):
         return torch.randn(*shape, generator=gen, device=device, dtype=torch.float32).to(module.DTYPE)
@@ -604,13 +614,7 @@ class ChunkedProblem:
 
 
 def chunked_problem(module, device, gen, chunk: int, prefix: int) -> ChunkedProblem:
-    heads, dn, dr, dv, dc = (
-        module.NUM_HEADS,
-        module.QK_NOPE_HEAD_DIM,
-        module.QK_ROPE_HEAD_DIM,
-        module.V_HEAD_DIM,
-        module.KV_LORA_RANK,
-    )
+    heads, dn, dr, dv, dc = geometry(module)
     page = module.PAGE_SIZE
     dt = module.DTYPE
 
@@ -709,13 +713,7 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
     """One sequence: `chunk` new tokens against a `prefix`-token cached latent prefix; mlagen's total (the
     expansion included) and its prefix attention alone, each backend, beside cuDNN (chunked_cudnn) and
     FlexAttention on the pre-expanded keys."""
-    heads, dn, dr, dv, dc = (
-        module.NUM_HEADS,
-        module.QK_NOPE_HEAD_DIM,
-        module.QK_ROPE_HEAD_DIM,
-        module.V_HEAD_DIM,
-        module.KV_LORA_RANK,
-    )
+    heads, dn, dr, dv, dc = geometry(module)
     problem = chunked_problem(module, device, gen, chunk, prefix)
     q, kn, kp, v, cu, _, cache, table, _, w_uk, w_uv = problem.args
     cu_p = problem.prefix_cu

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import importlib.util
 import os
 import pstats
 import statistics
@@ -37,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mlagen_compiler import runtime  # noqa: E402
+from mlagen_compiler.module_file import import_module_from_path  # noqa: E402
 from mlagen_compiler.options import Options, reload_options, set_options  # noqa: E402
 from mlagen_compiler.verify import compare_with_lse, decode_reference  # noqa: E402
 
@@ -47,11 +47,8 @@ def load(label: str, path: str, env: dict[str, str]):
     os.environ.update(env)
     try:
         name = f"_host_time_{label.replace('-', '_')}"
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-        return module
+        sys.modules.pop(name, None)  # fresh: imported under this env even where the label was loaded before
+        return import_module_from_path(path, name)
     finally:
         for name, value in saved.items():
             if value is None:

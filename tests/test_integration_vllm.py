@@ -169,6 +169,29 @@ def _vllm_config(model_dir, *, block_size: int, cache_dtype: str) -> VllmConfig:
     )
 
 
+def _kv_b_proj(kv_lora_rank: int = DC) -> ReplicatedLinear:
+    """The tests' layer's W_UK and W_UV as vLLM holds them: one bfloat16 projection of the latent to H * (Dn + Dv)."""
+    return ReplicatedLinear(kv_lora_rank, HEADS * (DN + DV), bias=False, params_dtype=torch.bfloat16)
+
+
+def _mla_layer(config: VllmConfig, kv_b_proj: ReplicatedLinear, *, prefix: str, kv_lora_rank: int = DC) -> MLAAttention:
+    """vLLM's MLAAttention of the tests' geometry (HEADS, DN, DR, DV, SCALE, no query LoRA) on MlagenBackend,
+    built under the current vLLM config; kv_lora_rank: DC, or a width the spec refuses."""
+    return MLAAttention(
+        num_heads=HEADS,
+        scale=SCALE,
+        qk_nope_head_dim=DN,
+        qk_rope_head_dim=DR,
+        v_head_dim=DV,
+        q_lora_rank=None,
+        kv_lora_rank=kv_lora_rank,
+        kv_b_proj=kv_b_proj,
+        cache_config=config.cache_config,
+        prefix=prefix,
+        attn_backend=backend.MlagenBackend,
+    )
+
+
 @dataclass
 class Sequence:
     """One request's latents for every position: q [S, H, Dn+Dr], c_kv [S, Dc], k_pe [S, Dr]."""
@@ -189,21 +212,9 @@ class Rig:
         self.fp8 = cache_dtype.startswith("fp8")
         # built on the device as vLLM's model loader builds layers (the layer's k_scale lands there too)
         with set_current_vllm_config(self.config), torch.device(DEVICE):
-            kv_b_proj = ReplicatedLinear(DC, HEADS * (DN + DV), bias=False, params_dtype=torch.bfloat16)
+            kv_b_proj = _kv_b_proj()
             kv_b_proj.weight.data.copy_(self._randn(HEADS * (DN + DV), DC) * DC**-0.5)
-            self.layer = MLAAttention(
-                num_heads=HEADS,
-                scale=SCALE,
-                qk_nope_head_dim=DN,
-                qk_rope_head_dim=DR,
-                v_head_dim=DV,
-                q_lora_rank=None,
-                kv_lora_rank=DC,
-                kv_b_proj=kv_b_proj,
-                cache_config=self.config.cache_config,
-                prefix=LAYER,
-                attn_backend=backend.MlagenBackend,
-            )
+            self.layer = _mla_layer(self.config, kv_b_proj, prefix=LAYER)
             # the backend chose mlagen's stand-in prefill backend (vLLM's FlashAttention one refuses Dn 32)
             assert isinstance(self.layer.prefill_backend, backend.MlagenPrefillBackend)
             self.layer.process_weights_after_loading(torch.bfloat16)
@@ -685,20 +696,7 @@ def test_spec_follows_vllm_layer(world, model_dir):
     for cache_dtype, expected in (("auto", "bfloat16"), ("fp8", "float8_e4m3fn")):
         rig_config = _vllm_config(model_dir, block_size=32, cache_dtype=cache_dtype)
         with set_current_vllm_config(rig_config):
-            kv_b_proj = ReplicatedLinear(DC, HEADS * (DN + DV), bias=False, params_dtype=torch.bfloat16)
-            layer = MLAAttention(
-                num_heads=HEADS,
-                scale=SCALE,
-                qk_nope_head_dim=DN,
-                qk_rope_head_dim=DR,
-                v_head_dim=DV,
-                q_lora_rank=None,
-                kv_lora_rank=DC,
-                kv_b_proj=kv_b_proj,
-                cache_config=rig_config.cache_config,
-                prefix=f"{LAYER}.{cache_dtype}",
-                attn_backend=backend.MlagenBackend,
-            )
+            layer = _mla_layer(rig_config, _kv_b_proj(), prefix=f"{LAYER}.{cache_dtype}")
         spec = layer.impl.spec_for(32)
         assert (spec.num_heads, spec.kv_lora_rank, spec.qk_rope_head_dim, spec.qk_nope_head_dim) == (HEADS, DC, DR, DN)
         assert spec.v_head_dim == DV and spec.page_size == 32 and spec.dtype == "bfloat16"
@@ -709,19 +707,7 @@ def test_engine_start_refuses_geometry(world, model_dir):
     """A layer whose geometry the spec refuses fails when vLLM constructs it, with the spec's one line."""
     config = _vllm_config(model_dir, block_size=16, cache_dtype="auto")
     with set_current_vllm_config(config), pytest.raises(ValueError) as error:
-        MLAAttention(
-            num_heads=HEADS,
-            scale=SCALE,
-            qk_nope_head_dim=DN,
-            qk_rope_head_dim=DR,
-            v_head_dim=DV,
-            q_lora_rank=None,
-            kv_lora_rank=40,
-            kv_b_proj=ReplicatedLinear(40, HEADS * (DN + DV), bias=False, params_dtype=torch.bfloat16),
-            cache_config=config.cache_config,
-            prefix=f"{LAYER}.refused",
-            attn_backend=backend.MlagenBackend,
-        )
+        _mla_layer(config, _kv_b_proj(40), prefix=f"{LAYER}.refused", kv_lora_rank=40)
     assert "kv_lora_rank=40 is not allowed: must be a multiple of 16 in 64..1024" in str(error.value)
     assert "\n" not in str(error.value).strip()
 
