@@ -21,7 +21,7 @@ mode=${1:-all}
 case $mode in all | bench | tune) ;; *) echo "h200_decode.sh: unknown mode '$mode' (all, bench or tune)" >&2; exit 2 ;; esac
 set -uo pipefail
 budget=${H200_BUDGET_S:-520}
-source benchmarks/device_steps.sh
+source benchmarks/job_steps.sh
 mkdir -p "$out/decode"
 flash=${H200_FLASH_MLA:-}
 if [ -z "$flash" ]; then

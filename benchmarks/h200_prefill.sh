@@ -11,7 +11,7 @@ mode=${1:-all}
 case $mode in all | tests | bench) ;; *) echo "h200_prefill.sh: unknown mode '$mode' (all, tests or bench)" >&2; exit 2 ;; esac
 set -uo pipefail
 budget=${H200_BUDGET_S:-520}
-source benchmarks/device_steps.sh
+source benchmarks/job_steps.sh
 nvidia-smi --query-gpu=name,memory.used,clocks.sm,clocks.max.sm --format=csv,noheader
 echo "commit ${MLAGEN_BENCH_COMMIT:-?}; budget $budget s"
 STEP_LINES='^(# |[A-Za-z_]+ [HB]=|chunked|FAILED|ERROR|Timeout|[0-9.]+s (call|setup) |.*(passed|failed) in )'

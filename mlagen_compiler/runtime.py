@@ -59,9 +59,15 @@ from .launch_policy import (
 )
 from .options import options as _options
 
-#: the installed Triton release as (major, minor); (0, 0) where its version string is not a release
-_release = re.match(r"(\d+)\.(\d+)", triton.__version__)
-TRITON_VERSION = (int(_release.group(1)), int(_release.group(2))) if _release else (0, 0)
+
+def triton_release():
+    """The installed Triton release as (major, minor); (0, 0) where its version string is not a release."""
+    release = re.match(r"(\d+)\.(\d+)", triton.__version__)
+    return (int(release.group(1)), int(release.group(2))) if release else (0, 0)
+
+
+#: the installed Triton release as (major, minor), read when this module is imported
+TRITON_VERSION = triton_release()
 
 #: SM count assumed under the interpreter, so CPU runs still split the cache into several runs
 INTERPRETER_SM_COUNT = 2
@@ -99,6 +105,18 @@ def _device_property(device, name, interpreted):
     if key not in _DEVICE_PROPERTIES:
         _DEVICE_PROPERTIES[key] = getattr(torch.cuda.get_device_properties(index), name)
     return _DEVICE_PROPERTIES[key]
+
+
+def gluon_unsupported_here(kernel, eligible, ineligible_reason, triton_versions):
+    """'' when a module's Gluon `kernel` ("decode" or "prefill") can be defined under the installed Triton: its
+    geometry is the plan's and this Triton is a release the kernel was verified with; else why not. The module
+    defines its Gluon kernels only where this is '', so it imports anywhere."""
+    if not eligible:
+        return f"geometry not taken by the Gluon {kernel}: {ineligible_reason}"
+    if triton_release() not in triton_versions:
+        verified = ", ".join(f"{major}.{minor}" for major, minor in triton_versions)
+        return f"triton {triton.__version__} is not a release the Gluon {kernel} was verified with ({verified})"
+    return ""
 
 
 def _device_or_default(device):

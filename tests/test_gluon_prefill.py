@@ -158,7 +158,7 @@ def test_module_chooses_the_portable_prefill_on_a_cpu(module):
 
 
 def test_module_defines_the_gluon_prefill_under_its_triton(module):
-    """Under a Triton release the Gluon prefill was written for, the module defines it and its launch helpers."""
+    """Under a Triton release the Gluon prefill was verified with, the module defines it and its launch helpers."""
     if module._PREFILL_GLUON_IMPORT_ERROR:
         pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
     assert hasattr(module, "_mla_prefill_gluon_kernel") and hasattr(module, "_launch_prefill_gluon")
@@ -180,6 +180,22 @@ def test_module_defines_the_gluon_prefill_under_its_triton(module):
         [128, module.QK_ROPE_HEAD_DIM],
         [128, module.V_HEAD_DIM],
     ]
+
+
+@pytest.mark.parametrize("sections", [0, -1, 3, 1.5, True])
+def test_a_wrong_section_count_is_a_one_line_error(module, sections):
+    """sections (a probe's override of the tile order) outside 1..pairs is refused before anything launches."""
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    q, k_nope = torch.randn(8, heads, dn + dr).to(module.DTYPE), torch.randn(8, heads, dn).to(module.DTYPE)
+    k_pe, v = torch.randn(8, dr).to(module.DTYPE), torch.randn(8, heads, dv).to(module.DTYPE)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    out = torch.full_like(v, float("nan"))
+    bad = sections if sections != 3 else heads + 1  # one more than the (sequence, head) pairs
+    with pytest.raises(ValueError, match=rf"^sections: must be an int in 1\.\.{heads} "):
+        module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, 8, out, None, 0.1, True, sections=bad)
+    assert out.isnan().all()
 
 
 def test_a_geometry_the_gluon_prefill_rejects_renders_no_gluon_prefill():
