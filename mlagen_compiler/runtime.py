@@ -929,6 +929,21 @@ def mla_chunked_prefill_traced(
 _PARTIAL_EVICTION = {True: ("evict_last", "evict_first"), False: ("", "")}
 
 
+def _decode_output_strides(out, lse, o_part):
+    """The strides of a decode call's outputs, the last of every decode kernel's (the portable and Gluon split
+    kernels', the combine's) positional arguments, in their order: out [B, Sq, H, Dc] by batch, query and head;
+    lse [B, H, Sq] by batch and head; the partial rows o_part (see DecodeSchedule.workspace) by slot and row."""
+    return (
+        out.stride(0),
+        out.stride(1),
+        out.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        o_part.stride(0),
+        o_part.stride(1),
+    )
+
+
 def decode_backend(m, device=None, requested=None, *, knobs_given=False, total_rows=None):
     """(backend, reason) for decode launches on `device` (default: the current CUDA device, else CPU);
     requested defaults to the decode_backend option ($MLAGEN_DECODE_BACKEND, else "auto"). The decision is
@@ -1418,13 +1433,7 @@ def prepare_decode(m, inputs, workspace, scale, schedule, causal, empty_lse):
                     batch,
                     schedule.num_parts,
                     schedule.min_blocks_per_part,
-                    out.stride(0),
-                    out.stride(1),
-                    out.stride(2),
-                    lse.stride(0),
-                    lse.stride(1),
-                    o_part.stride(0),
-                    o_part.stride(1),
+                    *_decode_output_strides(out, lse, o_part),
                 ),
                 dict(
                     SQ=seqlen_q,
@@ -1502,13 +1511,7 @@ def decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse
             kv_cache.stride(0),
             kv_cache.stride(1),
             block_table.stride(0),
-            out.stride(0),
-            out.stride(1),
-            out.stride(2),
-            lse.stride(0),
-            lse.stride(1),
-            o_part.stride(0),
-            o_part.stride(1),
+            *_decode_output_strides(out, lse, o_part),
         ),
         dict(
             SQ=seqlen_q,

@@ -54,6 +54,13 @@ def require_backend(build_module, device, backend):
         pytest.skip(f"Gluon decode cannot run here: {reason}")
 
 
+def require_gluon_gpu(build_module, device):
+    """Skip unless the Gluon decode runs here: on a GPU (never in the interpreter), as require_backend says."""
+    if device.type != "cuda":
+        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
+    require_backend(build_module, device, "gluon")
+
+
 @st.composite
 def decode_geometries(draw, geometries=tuple(GEOMETRIES), cache_dtypes=tuple(CACHE_DTYPES)):
     """The spec fields of a module for module_for: geometry, page size, dtype and cache dtype."""
@@ -93,6 +100,54 @@ def check_decode(module, device, problem, backend, **kwargs):
     assert_decode_matches_reference(module, call, backend=backend, device=device, **kwargs)
 
 
+def gpu_problem(*, heads, dc, page_size, cache_dtype, seqlen_q, seqlens, seed, num_parts=None, min_blocks=None, **more):
+    """A problem dict of the GPU tests' full-size geometries (for module_for and check_decode): Dr 64, bfloat16,
+    TMA allowed, NaN in every unused slot; the launch policy's splits unless num_parts and min_blocks are given.
+    more: other fields of the call (merge)."""
+    return dict(
+        heads=heads,
+        dc=dc,
+        dr=64,
+        page_size=page_size,
+        dtype="bfloat16",
+        cache_dtype=cache_dtype,
+        seqlen_q=seqlen_q,
+        seqlens=seqlens,
+        num_parts=num_parts,
+        min_blocks=min_blocks,
+        tma=True,
+        nan_unused=True,
+        seed=seed,
+        **more,
+    )
+
+
+def split_test_module(build_module, device, backend, name, dtype="bfloat16"):
+    """(module, block_n) of the split and merge tests, once require_backend lets the backend run: 4 heads, pages of
+    4, the DeepSeek widths for the Gluon kernel (it takes Dc 512), the small spec's for the portable one;
+    block_n: the cache block its default schedule streams, what the tests cut their sequences by."""
+    require_backend(build_module, device, backend)
+    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
+    module = build_module(**{**base, "name": name, "num_heads": 4, "page_size": 4, "dtype": dtype})
+    return module, module.get_decode_schedule(1, 1, device, backend=backend).config[0]
+
+
+def split_problem(*, seqlens, seqlen_q, num_parts, merge, seed, dtype="bfloat16"):
+    """A problem dict of the split and merge tests (split_test_module's module): num_parts runs of at least one
+    block, TMA allowed, NaN in every unused slot."""
+    return dict(
+        seqlens=seqlens,
+        seqlen_q=seqlen_q,
+        num_parts=num_parts,
+        min_blocks=1,
+        merge=merge,
+        tma=True,
+        seed=seed,
+        dtype=dtype,
+        nan_unused=True,
+    )
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @given(data=st.data())
 def test_decode_matches_reference(build_module, device, backend, data):
@@ -116,19 +171,15 @@ def test_decode_every_page_size(build_module, device, backend, page_size, cache_
     require_backend(build_module, device, backend)
     p = page_size
     for seqlen_q in (1, 2, 3, 4):
-        problem = dict(
+        problem = gpu_problem(
             heads=16,
             dc=512,
-            dr=64,
             page_size=p,
-            dtype="bfloat16",
             cache_dtype=cache_dtype,
             seqlen_q=seqlen_q,
             seqlens=[1, max(1, p - 1), p + 1, 0, 3 * p + 5, 700, 64, 129],
             num_parts=None if seqlen_q % 2 else 7,
             min_blocks=None if seqlen_q % 2 else 1,
-            tma=True,
-            nan_unused=True,
             seed=1000 * p + seqlen_q,
         )
         check_decode(module_for(build_module, problem), device, problem, backend)
@@ -139,22 +190,16 @@ def test_gluon_narrow_and_wide_forms_both_match_the_reference(build_module, devi
     """16 query rows run the Gluon decode's narrow form (the MMAs 16 rows wide); the same inputs with the form
     turned off run rows padded to 64. Both against the reference: page edges, an empty sequence, splits, NaN in
     every unused slot. GPU only."""
-    if device.type != "cuda":
-        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
-    require_backend(build_module, device, "gluon")
-    problem = dict(
+    require_gluon_gpu(build_module, device)
+    problem = gpu_problem(
         heads=16,
         dc=512,
-        dr=64,
         page_size=64,
-        dtype="bfloat16",
         cache_dtype=cache_dtype,
         seqlen_q=1,
         seqlens=[1, 63, 65, 0, 197, 700, 64, 129],
         num_parts=7,
         min_blocks=1,
-        tma=True,
-        nan_unused=True,
         seed=4242,
     )
     module = module_for(build_module, problem)
@@ -177,23 +222,15 @@ def test_gluon_long_and_tuned_blocks_both_match_the_reference(
     64-position blocks. All against the reference, both merges: page edges, an empty sequence, lengths off the
     blocks, causal masks over the last blocks (Sq 4), the runs the launch policy plans, NaN in every unused slot.
     GPU only."""
-    if device.type != "cuda":
-        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
-    require_backend(build_module, device, "gluon")
-    problem = dict(
+    require_gluon_gpu(build_module, device)
+    problem = gpu_problem(
         heads=heads,
         dc=dc,
-        dr=64,
         page_size=page_size,
-        dtype="bfloat16",
         cache_dtype=None,
         seqlen_q=seqlen_q,
         seqlens=[1, 63, 65, 0, 127, 129, 3 * page_size + 5, 700, 64, 1029],
-        num_parts=None,
-        min_blocks=None,
         merge=merge,
-        tma=True,
-        nan_unused=True,
         seed=7400 + page_size + heads + seqlen_q + dc,
     )
     module = module_for(build_module, problem)
@@ -214,20 +251,14 @@ def test_gluon_long_and_tuned_blocks_both_match_the_reference(
 def tall_rows_small_batch(page_size: int, merge: str, cache_dtype: str | None, seed: int) -> dict:
     """8 sequences of DeepSeek H16 at Sq 4 (64 query rows: one row block, rows as the MMAs' M): page edges, an
     empty sequence, splits by the launch policy, NaN in every unused slot."""
-    return dict(
+    return gpu_problem(
         heads=16,
         dc=512,
-        dr=64,
         page_size=page_size,
-        dtype="bfloat16",
         cache_dtype=cache_dtype,
         seqlen_q=4,
         seqlens=[1, 31, 33, 0, 197, 700, 64, 129],
-        num_parts=None,
-        min_blocks=None,
         merge=merge,
-        tma=True,
-        nan_unused=True,
         seed=seed,
     )
 
@@ -240,9 +271,7 @@ def test_gluon_short_and_tuned_blocks_both_match_the_reference(build_module, dev
     the tuned configuration given stream 64-position blocks (TMA boxes where a page holds them, else the
     gathering producer). Both against the reference, both merges: page edges, an empty sequence, splits, NaN
     in every unused slot. GPU only."""
-    if device.type != "cuda":
-        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
-    require_backend(build_module, device, "gluon")
+    require_gluon_gpu(build_module, device)
     problem = tall_rows_small_batch(page_size, merge, None, seed=4343 + page_size)
     module = module_for(build_module, problem)
     # the schedule check_decode plans (the launch policy's runs)
@@ -262,9 +291,7 @@ def test_gluon_fp8_query_filling_the_tile_loads_rows_and_matches_the_reference(b
     fits) has its blocks' rows loaded by the converting warps: 64-position blocks beyond the small batches, the
     short blocks (32 positions, a ring of 3) for the short runs of a small batch. Against the reference, both
     merges: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
-    if device.type != "cuda":
-        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
-    require_backend(build_module, device, "gluon")
+    require_gluon_gpu(build_module, device)
     small_batch = tall_rows_small_batch(page_size, merge, "float8_e4m3fn", seed=4545 + page_size)
     larger = {**small_batch, "seqlens": small_batch["seqlens"] + [95, 2 * page_size + 3]}  # 10 sequences
     module = module_for(build_module, larger)
@@ -289,23 +316,15 @@ def test_gluon_fp8_landing_ring_and_one_landing_block_both_match_the_reference(
     (gluon_land_ring); the same inputs with the tuned configuration given land one block at a time in the query
     tile's lower half (H16, H32) or load rows into registers (H64). Both against the reference, both merges: page
     edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
-    if device.type != "cuda":
-        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
-    require_backend(build_module, device, "gluon")
-    problem = dict(
+    require_gluon_gpu(build_module, device)
+    problem = gpu_problem(
         heads=heads,
         dc=dc,
-        dr=64,
         page_size=page_size,
-        dtype="bfloat16",
         cache_dtype="float8_e4m3fn",
         seqlen_q=1,
         seqlens=[1, 63, 65, 0, 3 * page_size + 5, 700, 64, 1029],
-        num_parts=None,
-        min_blocks=None,
         merge=merge,
-        tma=True,
-        nan_unused=True,
         seed=7300 + page_size + heads + dc,
     )
     module = module_for(build_module, problem)
@@ -326,22 +345,16 @@ def test_gluon_fp8_two_row_blocks_match_the_reference(build_module, device, page
     """An fp8 cache with two row blocks of query rows (DeepSeek H128: the query fills the tile) is read row by row
     as 4-byte words a block ahead of its conversion (the converting producer): against the reference with page
     edges, an empty sequence, splits, NaN in every unused slot, Sq 1 and 2. GPU only."""
-    if device.type != "cuda":
-        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
-    require_backend(build_module, device, "gluon")
-    problem = dict(
+    require_gluon_gpu(build_module, device)
+    problem = gpu_problem(
         heads=128,
         dc=512,
-        dr=64,
         page_size=page_size,
-        dtype="bfloat16",
         cache_dtype="float8_e4m3fn",
         seqlen_q=seqlen_q,
         seqlens=[1, 63, 65, 0, 3 * page_size + 5, 700, 64, 1029],
         num_parts=None if seqlen_q == 1 else 13,
         min_blocks=None if seqlen_q == 1 else 1,
-        tma=True,
-        nan_unused=True,
         seed=7100 + page_size + seqlen_q,
     )
     module = module_for(build_module, problem)
@@ -374,19 +387,13 @@ def test_decode_cache_rows_off_word_boundaries(build_module, device, backend, ca
     if device.type != "cuda":
         pytest.skip("GPU only: the Gluon producers' paths; the interpreter runs the portable kernel only")
     require_backend(build_module, device, backend)
-    problem = dict(
+    problem = gpu_problem(
         heads=16,
         dc=512,
-        dr=64,
         page_size=64,
-        dtype="bfloat16",
         cache_dtype=cache_dtype,
         seqlen_q=2,
         seqlens=[1, 63, 200, 0, 700],
-        num_parts=None,
-        min_blocks=None,
-        tma=True,
-        nan_unused=True,
         seed=41,
     )
     check_decode(module_for(build_module, problem), device, problem, backend, cache_view=rows_off_word_boundaries)
@@ -398,23 +405,9 @@ def test_fused_merge_trees(build_module, device, backend, fanin):
     """Sequences cut into up to 19 runs, merged by their runs up trees of 2, 3 or 8 results per step: deep
     trees, lone tail members and several sequences' trees in one launch; every call leaves the arrival
     counters at 0, so a second call with the same schedule (and workspace) is right too."""
-    require_backend(build_module, device, backend)
-    # the Gluon kernel takes Dc = 512 (not the interpreter's small geometry)
-    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
-    module = build_module(**{**base, "name": "trees", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"})
-    block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
+    module, block_n = split_test_module(build_module, device, backend, "trees")
     seqlens = [19 * block_n - 3, 0, 5, 2 * block_n + 1]
-    problem = dict(
-        seqlens=seqlens,
-        seqlen_q=2,
-        num_parts=19,
-        min_blocks=1,
-        merge="fused",
-        tma=True,
-        seed=fanin,
-        dtype="bfloat16",
-        nan_unused=True,
-    )
+    problem = split_problem(seqlens=seqlens, seqlen_q=2, num_parts=19, merge="fused", seed=fanin)
     with patch.object(module, "DECODE_MERGE_FANIN", fanin):
         check_decode(module, device, problem, backend, calls=2)
 
@@ -431,20 +424,13 @@ def test_combine_merges_many_runs_in_steps(build_module, device, backend, runs, 
     """The combine launch merges a sequence's runs runs_per_step at a time in one pass, rescaling its sums
     when a later step holds a larger LSE: one long sequence cut into up to 23 runs beside short and empty
     ones (a skewed small batch), against the reference; a second call on the same workspace too."""
-    require_backend(build_module, device, backend)
-    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
-    module = build_module(**{**base, "name": "steps", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"})
-    block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
-    problem = dict(
+    module, block_n = split_test_module(build_module, device, backend, "steps")
+    problem = split_problem(
         seqlens=[3, runs * block_n - 1, 0, block_n + 2],
         seqlen_q=seqlen_q,
         num_parts=runs + 2,
-        min_blocks=1,
         merge="kernel",
-        tma=True,
         seed=seed,
-        dtype="bfloat16",
-        nan_unused=True,
     )
     note(f"problem: {problem}")
     with patch.object(module, "DECODE_COMBINE_TILES", {(2, 16): runs_per_step}):
@@ -515,20 +501,9 @@ def test_skewed_small_batch_with_and_without_runs_of_one_sequence(build_module, 
     or equal runs across sequences, both merges, against the reference; a second call on the same workspace
     too. The policy takes runs of one sequence each for the Gluon kernel's tall rows only; it is overruled
     here so that both kernels (and the shared combine) run both schedules, the portable ones on the CPU."""
-    require_backend(build_module, device, backend)
-    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
-    module = build_module(**{**base, "name": "skewed", "num_heads": 4, "page_size": 4, "dtype": "bfloat16"})
-    block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
-    problem = dict(
-        seqlens=[3 * block_n + 1, 11 * block_n - 2, 0, block_n + 2, 2],
-        seqlen_q=2,
-        num_parts=7,
-        min_blocks=1,
-        merge=merge,
-        tma=True,
-        seed=11,
-        dtype="bfloat16",
-        nan_unused=True,
+    module, block_n = split_test_module(build_module, device, backend, "skewed")
+    problem = split_problem(
+        seqlens=[3 * block_n + 1, 11 * block_n - 2, 0, block_n + 2, 2], seqlen_q=2, num_parts=7, merge=merge, seed=11
     )
     with patch.object(runtime, "decode_sequence_runs", lambda *args, **kwargs: sequence_runs):
         schedule = module.get_decode_schedule(5, 2, device, num_parts=7, min_blocks_per_part=1, backend=backend)
@@ -547,20 +522,9 @@ def test_partial_rows_in_either_dtype_with_or_without_l2_hints(
     or without the L2 hints on their stores and loads (decode_keep_partials), both merges, against the
     reference within the dtype's tolerance; the policies are overruled so that every backend runs each form (the
     partial rows' dtype through MLAGEN_DECODE_PARTIALS's option)."""
-    require_backend(build_module, device, backend)
-    base = DEEPSEEK_V3_TP8_SPEC if backend == "gluon" else SMALL_SPEC
-    module = build_module(**{**base, "name": f"partials-{dtype}", "num_heads": 4, "page_size": 4, "dtype": dtype})
-    block_n = module.get_decode_schedule(1, 1, device, backend=backend).config[0]
-    problem = dict(
-        seqlens=[9 * block_n - 3, 2 * block_n + 1, 0],
-        seqlen_q=1,
-        num_parts=6,
-        min_blocks=1,
-        merge=merge,
-        tma=True,
-        seed=5,
-        dtype=dtype,
-        nan_unused=True,
+    module, block_n = split_test_module(build_module, device, backend, f"partials-{dtype}", dtype)
+    problem = split_problem(
+        seqlens=[9 * block_n - 3, 2 * block_n + 1, 0], seqlen_q=1, num_parts=6, merge=merge, seed=5, dtype=dtype
     )
     with (
         use_options(decode_partials="dtype" if in_dtype else "float32"),
