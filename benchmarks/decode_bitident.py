@@ -98,7 +98,7 @@ def compare(old_dir: Path, new_dir: Path, cases: int) -> int:
     device = torch.device("cuda")
     planned = runtime.decode_sequence_runs
     failures = 0
-    names = sorted(p.stem for p in old_dir.glob("*.py") if (new_dir / p.name).exists())
+    names = sorted(p.stem for p in old_dir.glob("*.py") if p.stem != "__init__" and (new_dir / p.name).exists())
     for name in names:
         old = _load(old_dir / f"{name}.py", f"old_{name}")
         new = _load(new_dir / f"{name}.py", f"new_{name}")
