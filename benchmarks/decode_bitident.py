@@ -52,8 +52,9 @@ def _bits(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(torch.int16 if tensor.element_size() == 2 else torch.int32)
 
 
-def _case(old, new, rng: random.Random, backend: str, device: torch.device):
-    """One drawn batch through both modules: (bit-identical, what was drawn)."""
+def _case(old, new, rng: random.Random, backend: str, device: torch.device, runs: bool | None):
+    """One drawn batch through both modules: (bit-identical, what was drawn). runs: the schedules' sequence_runs
+    forced on or off (None: as planned)."""
     heads, width = new.NUM_HEADS, new.KV_LORA_RANK + new.QK_ROPE_HEAD_DIM
     batch = rng.choice([1, 2, 3, 5, 8, 16, 33, 64, 128])
     seqlen_q = rng.choice([1, 1, 2, 4])
@@ -71,7 +72,7 @@ def _case(old, new, rng: random.Random, backend: str, device: torch.device):
     table = torch.randperm(num_pages, device=device, generator=g)[: batch * pages_per].view(batch, pages_per).int()
     seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
     call = dict(causal=rng.random() < 0.7, empty_lse=rng.choice([-math.inf, math.inf]), return_lse=True)
-    if new.CACHE_SCALED:
+    if new.CACHE_FORMAT.scaled:
         call["kv_scale"] = 0.37
     plan = dict(
         backend=backend,
@@ -82,6 +83,8 @@ def _case(old, new, rng: random.Random, backend: str, device: torch.device):
     results = []
     for module in (old, new):
         schedule = module.get_decode_schedule(batch, seqlen_q, device, **plan)
+        if runs is not None:
+            schedule.sequence_runs = runs
         first = module.mla_decode(q, kv, table, seqlens, schedule=schedule, **call)
         again = module.mla_decode(q, kv, table, seqlens, schedule=schedule, **call)  # the workspace reused
         drawn = (schedule.backend, schedule.sequence_runs, schedule.merge, schedule.num_parts)
@@ -94,9 +97,8 @@ def _case(old, new, rng: random.Random, backend: str, device: torch.device):
 
 
 def compare(old_dir: Path, new_dir: Path, cases: int) -> int:
-    runtime = _runtime()
+    _runtime()
     device = torch.device("cuda")
-    planned = runtime.decode_sequence_runs
     failures = 0
     names = sorted(p.stem for p in old_dir.glob("*.py") if p.stem != "__init__" and (new_dir / p.name).exists())
     for name in names:
@@ -104,18 +106,16 @@ def compare(old_dir: Path, new_dir: Path, cases: int) -> int:
         new = _load(new_dir / f"{name}.py", f"new_{name}")
         for backend in ("gluon", "triton"):
             for runs in (None, True, False):
-                runtime.decode_sequence_runs = planned if runs is None else (lambda *a, _v=runs, **k: _v)
                 rng = random.Random(f"{name}-{backend}-{runs}")
                 count = cases if backend == "gluon" else max(1, cases // 3)
                 bad = 0
                 for _ in range(count):
-                    same, drawn = _case(old, new, rng, backend, device)
+                    same, drawn = _case(old, new, rng, backend, device, runs)
                     if not same:
                         bad += 1
                         print("MISMATCH", name, backend, runs, drawn, flush=True)
                 print(f"{name} {backend} sequence_runs={runs}: {count - bad}/{count} bit-identical", flush=True)
                 failures += bad
-        runtime.decode_sequence_runs = planned
     return failures
 
 
