@@ -9,7 +9,8 @@ plain entry points of the newer module, against its eager calls.
 
 Both builds run under this checkout's runtime (a module imports mlagen_compiler.runtime; the package's
 __init__, and so pydantic, is not needed). For each module named in both folders, each backend (gluon,
-triton) and the launch policy's choice of runs of one sequence (as planned, forced on, forced off): drawn
+triton) and the launch policy's choice of runs of one sequence (as planned, forced on where a schedule has a run per
+sequence, forced off): drawn
 batches (1 to 128 sequences, empty to 16k tokens, Sq 1 to 4, both merges, forced splits, causal or not,
 empty_lse -inf or +inf), each called twice on one schedule; outputs and LSEs compared bit for bit.
 """
@@ -83,8 +84,11 @@ def _case(old, new, rng: random.Random, backend: str, device: torch.device, runs
     results = []
     for module in (old, new):
         schedule = module.get_decode_schedule(batch, seqlen_q, device, **plan)
-        if runs is not None:
-            schedule.sequence_runs = runs
+        if runs is not None and (not runs or schedule.num_parts >= batch):
+            # (forced on only where the kernels' contract allows sequence runs: a run per sequence at least.
+            # Schedules are immutable to their users; this dev tool overrides one field before the schedule's first
+            # call, which prepares its launches from it)
+            object.__setattr__(schedule, "sequence_runs", runs)
         first = module.mla_decode(q, kv, table, seqlens, schedule=schedule, **call)
         again = module.mla_decode(q, kv, table, seqlens, schedule=schedule, **call)  # the workspace reused
         drawn = (schedule.backend, schedule.sequence_runs, schedule.merge, schedule.num_parts)
