@@ -7,6 +7,7 @@ tests in test_decode.py run them for every backend.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
