@@ -449,7 +449,8 @@ def _schedule_of(
     BLOCK_B: tl.constexpr,
 ):
     """A generated module's _split_schedule with SEQUENCE_RUNS: the padded block counts, then per_part."""
-    offs_b, n_blocks, _, _, per_part = SPLIT_SCHEDULE(SEQLENS, batch, num_parts, min_blocks, BLOCK_N, BLOCK_B, True)
+    offs_b = tl.arange(0, BLOCK_B)
+    n_blocks, _, _, per_part = SPLIT_SCHEDULE(SEQLENS, offs_b, batch, num_parts, min_blocks, BLOCK_N, True)
     tl.store(OUT + offs_b, n_blocks)
     tl.store(OUT + BLOCK_B, per_part)
 

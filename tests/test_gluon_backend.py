@@ -7,6 +7,7 @@ tests in test_decode.py run them for every backend.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -237,3 +238,39 @@ def test_a_geometry_the_gluon_plan_rejects_renders_no_gluon_code():
     source = module_source(spec)
     assert "@gluon.jit" not in source and "triton.experimental" not in source and "_mla_decode_gluon" not in source
     compile(source, "<no-gluon>", "exec")
+
+
+def test_both_backends_share_one_split_schedule_and_merge():
+    """The split-KV schedule and the fused merge have one home: the @triton.jit functions of the portable kernels,
+    which the Gluon kernel calls too (a @gluon.jit function may call a @triton.jit one whose tensors it gives
+    layouts). No Gluon copy of them is rendered, so the backends cannot drift apart."""
+    source = module_source(resolve_spec("deepseek-v3-tp8"))
+    shared = ("_split_schedule", "_sequence_run_blocks", "_run_extent", "_run_piece", "_merge_group",
+              "_arrive_and_merge", "_write_empty_sequences")  # fmt: skip
+    for name in shared:
+        assert source.count(f"\ndef {name}(") == 1, name
+        assert f"@triton.jit\ndef {name}(" in source, name
+    gluon = source[source.index(" def _gluon_merge_pieces(") : source.index(" def _mla_decode_gluon_split(")]
+    for call in ("_split_schedule(", "_run_extent(", "_run_piece(", "_arrive_and_merge(", "_write_empty_sequences("):
+        assert call in gluon, call
+    for twin in ("_gluon_split_schedule", "_gluon_sequence_run_blocks", "_gluon_piece(", "_gluon_merge_group"):
+        assert twin not in source, twin
+
+
+@pytest.mark.parametrize("flags", [[], ["--sequence-runs", "--empty-inf"], ["--combine-kernel"]])
+def test_gluon_kernel_with_the_shared_functions_compiles_for_sm90(flags):
+    """The Gluon kernel, calling the shared schedule and merge, compiles for sm_90a offline (Triton's front end,
+    passes and ptxas; no GPU), in a process of its own (the offline driver replaces the active one)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    tool = root / "benchmarks" / "gluon_offline_compile.py"
+    env = {key: value for key, value in __import__("os").environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(root)
+    for module in ("deepseek_v3_tp8.py", "deepseek_v3_tp8_fp8.py"):
+        done = subprocess.run(
+            [sys.executable, str(tool), str(root / "generated" / module), *flags],
+            capture_output=True, text=True, env=env, timeout=600,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "'resources': 'REG:" in done.stdout, done.stdout
