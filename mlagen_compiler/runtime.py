@@ -229,28 +229,38 @@ def _check_per_sequence(tensor, name, batch, device, *, ndim):
 _COMPILED = {}
 
 
+def _int_class(value):
+    """What Triton reads of a runtime int: equality to 1, divisibility by 16, width (i32, i64, u64)."""
+    return value == 1, value % 16 == 0, -(2**31) <= value < 2**31, value < 2**63
+
+
 def _launch_key(kernel, values, options):
-    """Everything Triton specialises a compiled kernel on: tensors by dtype and 16-byte alignment, TMA
-    descriptors by their base, shape, strides and box, runtime floats by type (the one float constexpr,
-    _LN2, is a module constant), runtime ints by what Triton reads of them (width, equality to 1,
-    divisibility by 16: a token count that changes every call does not miss), and constexprs, bools,
-    None and layouts by value; plus the launch options."""
+    """Everything Triton specialises a compiled kernel on, or more (a key finer than Triton's only costs a
+    dispatch more, which returns the same compiled kernel; a coarser one would launch the wrong kernel):
+    tensors by dtype and 16-byte alignment; TMA descriptors (Triton's or Gluon's) by their base's dtype and
+    alignment, box and shared layout (what Triton 3.6 specialises them on, with the dtype) and the sizes and
+    strides of the matrix they view by what Triton reads of a runtime int (so a token count that changes every
+    call does not miss); runtime floats by type; runtime ints by what Triton reads of them (_int_class; a
+    do_not_specialize one by its width alone); constexprs (floats included), bools, None and layouts by value;
+    plus the launch options."""
     key = []
     for value, param in zip(values, kernel.params, strict=False):
-        if isinstance(value, torch.Tensor):
+        if param.is_constexpr:  # (first: a constexpr int would otherwise reach hasattr, which raises inside)
+            key.append(value)
+        elif isinstance(value, torch.Tensor):
             key.append((value.dtype, value.data_ptr() % 16 == 0))
+        elif type(value) is int:  # (do_not_specialize: Triton reads its width only)
+            key.append((int, *_int_class(value)[2:]) if param.do_not_specialize else (int, *_int_class(value)))
         elif isinstance(value, float):
             key.append(float)
-        elif type(value) is int and not param.is_constexpr:
-            key.append((int, value == 1, value % 16 == 0, -(2**31) <= value < 2**31, value < 2**63))
         elif hasattr(value, "block_shape"):  # a host TMA descriptor (Triton's or Gluon's)
             key.append(
                 (
                     type(value),
                     value.base.dtype,
                     value.base.data_ptr() % 16 == 0,
-                    tuple(value.shape),
-                    tuple(value.strides),
+                    tuple(map(_int_class, value.shape)),
+                    tuple(map(_int_class, value.strides)),
                     tuple(value.block_shape),
                     getattr(value, "layout", None),
                 )
@@ -1584,7 +1594,7 @@ def prefill_backend(m, device=None, requested=None, *, knobs_given=False):
 
 def _launch_prefill_on(m, backend, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config):
     """One prefill launch on the chosen backend (config: the portable kernel's; the Gluon kernel's tile is the
-    plan's)."""
+    plan's, and config may be None for it)."""
     if backend == "gluon":
         m._launch_prefill_gluon(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal)
     else:
@@ -1772,7 +1782,10 @@ def mla_prefill(
         (("q", q), ("k_nope", k_nope), ("k_pe", k_pe), ("v", v), ("cu_seqlens", cu_seqlens)),
     )
     backend, _ = prefill_backend(m, device, knobs_given=config is not None)
-    config = check_prefill_config(config) if config is not None else prefill_config(m, device, "causal")
+    if config is not None:
+        config = check_prefill_config(config)
+    elif backend != "gluon":  # (the Gluon kernel's tile is the plan's: no table to read)
+        config = prefill_config(m, device, "causal")
     scale = m._softmax_scale(softmax_scale)
     _launch_prefill_on(
         m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config
@@ -2001,7 +2014,7 @@ def mla_chunked_prefill(
         lse_prefix,
         scale,
         False,
-        config if config is not None else prefill_config(m, device, "prefix"),
+        config if config is not None or backend == "gluon" else prefill_config(m, device, "prefix"),
     )
     _launch_prefill_on(
         m,
@@ -2017,7 +2030,7 @@ def mla_chunked_prefill(
         lse_new,
         scale,
         True,
-        config if config is not None else prefill_config(m, device, "causal"),
+        config if config is not None or backend == "gluon" else prefill_config(m, device, "causal"),
     )
     return merge_attn_states(m, o_prefix, lse_prefix, o_new, lse_new, out=out, out_lse=lse, return_lse=return_lse)
 

@@ -198,6 +198,57 @@ def test_a_wrong_section_count_is_a_one_line_error(module, sections):
     assert out.isnan().all()
 
 
+def test_gluon_prefill_layouts_are_made_once(module):
+    """The descriptors' shared layouts are cached per box: the same object each call, equal to a fresh one."""
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    rows, dn = module.PREFILL_GLUON_WARPGROUP_ROWS, module.QK_NOPE_HEAD_DIM
+    layout = module._gluon_prefill_layout(rows, dn)
+    assert module._gluon_prefill_layout(rows, dn) is layout
+    assert layout == module.gl.NVMMASharedLayout.get_default_for([rows, dn], module._GLUON_PREFILL_DTYPE)
+
+
+def test_gluon_prefill_goes_through_the_runtimes_launch_with_a_stable_key(module, monkeypatch):
+    """_launch_prefill_gluon launches through runtime._launch (Triton's dispatch once per argument key, the
+    compiled kernel's launcher after that); its arguments' key is hashable, the same for two calls of one shape,
+    and the same for another token count (the descriptors' sizes, the LSE's stride and the do_not_specialize
+    ints are keyed by what Triton reads of an int), so a prefill of a new length reuses the compiled kernel."""
+    from mlagen_compiler import runtime
+
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    launches = []
+
+    def capture(kernel, grid, *args, num_warps, num_stages=None, **constexprs):
+        launches.append((kernel, grid, args, constexprs, num_warps, num_stages))
+
+    monkeypatch.setattr(runtime, "_launch", capture)
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+
+    def key(tokens, store_lse=True):
+        q = torch.empty(tokens, heads, dn + dr, dtype=module.DTYPE)
+        k_nope = torch.empty(tokens, heads, dn, dtype=module.DTYPE)
+        k_pe = torch.empty(tokens, dr, dtype=module.DTYPE)
+        v = torch.empty(tokens, heads, dv, dtype=module.DTYPE)
+        cu = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32)
+        out = torch.empty(tokens, heads, dv, dtype=module.DTYPE)
+        lse = torch.empty(heads, tokens, dtype=torch.float32) if store_lse else None
+        module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, tokens - tokens // 2, out, lse, 0.125, True)
+        kernel, grid, args, constexprs, num_warps, num_stages = launches.pop()
+        assert kernel is module._mla_prefill_gluon_kernel and num_warps == 4 and num_stages is None
+        assert grid == (2 * heads * -(-(tokens - tokens // 2) // module.PREFILL_GLUON_BLOCK_M),)
+        values = runtime._ordered_values(kernel, args, constexprs)
+        assert len(values) == len(kernel.params)
+        result = runtime._launch_key(kernel, values, tuple(runtime._launch_options(num_warps, None).items()))
+        hash(result)
+        return result
+
+    assert key(300) == key(300)
+    assert key(300) == key(302) == key(4098)  # (token counts of one class: not 1, not a multiple of 16, 32-bit)
+    assert key(320) == key(4096)
+    assert key(300) != key(300, store_lse=False)
+
+
 def test_a_geometry_the_gluon_prefill_rejects_renders_no_gluon_prefill():
     spec = spec_from_dict(dict(name="no-gluon-prefill", num_heads=4, kv_lora_rank=96, qk_rope_head_dim=16,
                                qk_nope_head_dim=48, v_head_dim=80, kernels=["prefill"]))  # fmt: skip
