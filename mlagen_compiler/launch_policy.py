@@ -198,6 +198,16 @@ def decode_pdl(requested, *, merge, capability, interpreting):
 DECODE_GLUON_BUCKET = "gluon"
 
 
+#: the tuned-configuration buckets of the Gluon (Hopper) prefill, by the portable prefill's bucket of the same launch:
+#: the causal launch (new tokens among themselves) and the non-causal prefix launch of chunked prefill
+PREFILL_GLUON_BUCKETS = {"causal": "gluon-causal", "prefix": "gluon-prefix"}
+
+
+def prefill_gluon_bucket(causal):
+    """The key that tuned Gluon prefill configurations of a causal launch, or of a prefix launch, are recorded under."""
+    return PREFILL_GLUON_BUCKETS["causal" if causal else "prefix"]
+
+
 def decode_bucket(block_m, small=False):
     """The key that tuned decode configurations are recorded under (small: the latency regime)."""
     return f"m{block_m}-small" if small else f"m{block_m}"
@@ -510,20 +520,22 @@ def check_prefill_config(config):
 
 
 def check_tuned_config(kernel, bucket, config):
-    """A tuned configuration as a launch takes it (decode: see check_decode_config; the Gluon bucket: (block_n,
-    registers, stages) of positive ints; prefill: see check_prefill_config), else a ValueError."""
+    """A tuned configuration as a launch takes it (decode: see check_decode_config; its Gluon bucket: (block_n,
+    registers, stages) of positive ints; prefill: see check_prefill_config; its Gluon buckets: (block_n, stages)
+    of positive ints), else a ValueError."""
     if kernel not in ("decode", "prefill"):
         raise _policy_error("kernel", f"expected decode or prefill, got {kernel!r}")
-    if kernel == "prefill":
+    if kernel == "prefill" and bucket not in PREFILL_GLUON_BUCKETS.values():
         return check_prefill_config(config)
-    if bucket != DECODE_GLUON_BUCKET:
+    if kernel == "decode" and bucket != DECODE_GLUON_BUCKET:
         return check_decode_config(config)
+    names = ("block_n", "registers", "stages") if kernel == "decode" else ("block_n", "stages")
     if not (
         isinstance(config, (tuple, list))
-        and len(config) == 3
+        and len(config) == len(names)
         and all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in config)
     ):
-        raise _policy_error("config", f"expected (block_n, registers, stages) of ints >= 1, got {config!r}")
+        raise _policy_error("config", f"expected ({', '.join(names)}) of ints >= 1, got {config!r}")
     return tuple(config)
 
 

@@ -487,13 +487,17 @@ class PrefillPlan:
     gluon: GluonPrefillPlan
 
     def template_tables(self, tuned: dict[str, Any]) -> dict[str, Any]:
-        """The tables prefill.py.jinja prints; tuned: {"<arch>|<gpu>|<causal or prefix>": config}."""
+        """The tables prefill.py.jinja prints; tuned: {"<arch>|<gpu>|<bucket>": config}, buckets "causal" and
+        "prefix" (the portable kernel's (block_m, block_n, num_warps, num_stages)), "gluon-causal" and
+        "gluon-prefix" (the Gluon kernel's (block_n, stages))."""
         return {
             "prefill_space": [c.as_tuple() for c in self.space],
             "prefill_default": self.default.as_tuple(),
             "prefill_interpreter": self.interpreter.as_tuple(),
             "prefill_tuned": {tuple(k.split("|")): tuple(v) for k, v in tuned.items()},
             "prefill_gluon_reason": self.gluon.reason,
+            "prefill_gluon_space": self.gluon.space,
+            "prefill_gluon_default": self.gluon.default,
         }
 
 
@@ -777,6 +781,11 @@ class GluonPrefillPlan:
     padded in memory) whose scores, P and accumulator fit GLUON_PREFILL_LIVE_REGS registers a thread with some
     block_n of GLUON_PREFILL_BLOCK_NS, and whose query tile and two stages fit shared memory. Other geometries,
     and the interpreter, keep the portable kernel.
+
+    The tile: every (block_n, stages) of GLUON_PREFILL_BLOCK_NS x 2..GLUON_PREFILL_MAX_STAGES whose loop-carried
+    registers and shared memory fit is in ``space`` (what `mlagen tune` times, buckets "gluon-causal" and
+    "gluon-prefix"); untuned, a launch takes ``default``: the largest block_n that fits, with the most stages that
+    fit beside it.
     """
 
     eligible: bool
@@ -793,6 +802,15 @@ class GluonPrefillPlan:
     consumer_regs: int
     producer_regs: int
     verified_triton: tuple[tuple[int, int], ...]
+    #: what `mlagen tune` times (buckets "gluon-causal" and "gluon-prefix"): (block_n, stages) of every key block
+    #: and ring depth that fit, largest block first (empty where not eligible). Rows per program are fixed at two
+    #: warpgroups of one warpgroup MMA (128).
+    space: tuple[tuple[int, int], ...] = ()
+
+    @property
+    def default(self) -> tuple[int, int]:
+        """The untuned configuration of the tuning space: the plan's block_n and stages."""
+        return (self.block_n, self.num_stages)
 
 
 def _gluon_prefill_smem_bytes(dn: int, dr: int, dv: int, block_m: int, block_n: int, stages: int) -> int:
@@ -836,6 +854,7 @@ def lower_gluon_prefill(dn: int, dr: int, dv: int) -> GluonPrefillPlan:
         consumer_regs=GLUON_PREFILL_CONSUMER_REGS,
         producer_regs=GLUON_PREFILL_PRODUCER_REGS,
         verified_triton=GLUON_VERIFIED_TRITON,
+        space=tuple(fitting) if not reasons else (),
     )
 
 

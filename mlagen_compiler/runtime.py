@@ -1592,12 +1592,34 @@ def prefill_backend(m, device=None, requested=None, *, knobs_given=False):
     )
 
 
+def _check_prefill_gluon_config(m, config):
+    """(block_n, stages) of the module's PREFILL_GLUON_SPACE as a tuple, else a ValueError naming config."""
+    _check(
+        isinstance(config, (tuple, list)) and tuple(config) in m.PREFILL_GLUON_SPACE,
+        "config",
+        f"the Gluon prefill takes (block_n, stages) in {list(m.PREFILL_GLUON_SPACE)}, got {config!r}",
+    )
+    return tuple(config)
+
+
+def _checked_prefill_config(m, backend, config):
+    """A forced prefill configuration as the chosen backend takes it, or None (not forced): the portable kernel's
+    (block_m, block_n, num_warps, num_stages) (check_prefill_config), the Gluon kernel's (block_n, stages) of
+    PREFILL_GLUON_SPACE."""
+    if config is None:
+        return None
+    return _check_prefill_gluon_config(m, config) if backend == "gluon" else check_prefill_config(config)
+
+
 def _launch_prefill_on(m, backend, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config):
-    """One prefill launch on the chosen backend (config: the portable kernel's; the Gluon kernel's tile is the
-    plan's, and config may be None for it)."""
+    """One prefill launch on the chosen backend. config: a forced one of that backend's kind (checked:
+    _checked_prefill_config), or None: the device's tuned one for the launch's bucket (the portable kernel's
+    "causal" or "prefix", the Gluon kernel's "gluon-causal" or "gluon-prefix"), else the default."""
     if backend == "gluon":
-        m._launch_prefill_gluon(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal)
+        m._launch_prefill_gluon(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config=config)
     else:
+        if config is None:
+            config = prefill_config(m, q.device, "causal" if causal else "prefix")
         launch_prefill(m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config)
 
 
@@ -1761,7 +1783,9 @@ def mla_prefill(
     value leaves tokens unwritten, so it is checked whenever validation is on).
     Returns out [T, H, Dv] and, with return_lse=True, (out, lse [H, T] float32, natural log).
     Inputs may be strided views (e.g. k_pe a column slice of [c_kv ; k_pe] rows) if the last dim is dense.
-    config: (block_m, block_n, num_warps, num_stages) to force a tile configuration.
+    config: (block_m, block_n, num_warps, num_stages) to force a tile configuration of the portable kernel (under
+    prefill_backend "auto" a config keeps the portable kernel); on the Gluon backend (prefill_backend "gluon"),
+    (block_n, stages) of PREFILL_GLUON_SPACE.
     validate: check cu_seqlens and max_seqlen against the tokens (default: on for CPU tensors or with
     MLAGEN_VALIDATE=1; on the GPU it costs a synchronisation, and the values are the caller's contract).
     """
@@ -1782,10 +1806,7 @@ def mla_prefill(
         (("q", q), ("k_nope", k_nope), ("k_pe", k_pe), ("v", v), ("cu_seqlens", cu_seqlens)),
     )
     backend, _ = prefill_backend(m, device, knobs_given=config is not None)
-    if config is not None:
-        config = check_prefill_config(config)
-    elif backend != "gluon":  # (the Gluon kernel's tile is the plan's: no table to read)
-        config = prefill_config(m, device, "causal")
+    config = _checked_prefill_config(m, backend, config)
     scale = m._softmax_scale(softmax_scale)
     _launch_prefill_on(
         m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config
@@ -1928,6 +1949,7 @@ def mla_chunked_prefill(
     from prefix_lens (one host synchronisation).
     validate: as in mla_prefill, and prefix_lens within the block table, its pages within the cache, their
     sum equal to num_prefix_tokens.
+    config: as in mla_prefill, for both launches (default: each launch's tuned one, prefix and causal).
     """
     if compiling():
         return mla_chunked_prefill_traced(
@@ -1940,8 +1962,8 @@ def mla_chunked_prefill(
     _check_cu_seqlens(cu_seqlens, "cu_seqlens", device)
     batch = cu_seqlens.shape[0] - 1
     _check_max_seqlen(max_seqlen, num_tokens)
-    if config is not None:
-        config = check_prefill_config(config)
+    backend, _ = prefill_backend(m, device, knobs_given=config is not None)
+    config = _checked_prefill_config(m, backend, config)
     m._check_paged_cache(kv_cache, device)
     kv_scale = m._kv_scale(kv_scale, device, validate)
     _check_per_sequence(block_table, "block_table", batch, device, ndim=2)
@@ -1999,7 +2021,6 @@ def mla_chunked_prefill(
     if _options().poison_workspace:
         for workspace in (o_prefix, lse_prefix, o_new, lse_new):
             workspace.fill_(float("nan"))
-    backend, _ = prefill_backend(m, device, knobs_given=config is not None)
     _launch_prefill_on(
         m,
         backend,
@@ -2014,7 +2035,7 @@ def mla_chunked_prefill(
         lse_prefix,
         scale,
         False,
-        config if config is not None or backend == "gluon" else prefill_config(m, device, "prefix"),
+        config,
     )
     _launch_prefill_on(
         m,
@@ -2030,7 +2051,7 @@ def mla_chunked_prefill(
         lse_new,
         scale,
         True,
-        config if config is not None or backend == "gluon" else prefill_config(m, device, "causal"),
+        config,
     )
     return merge_attn_states(m, o_prefix, lse_prefix, o_new, lse_new, out=out, out_lse=lse, return_lse=return_lse)
 

@@ -15,7 +15,8 @@ An entry is keyed by (kernel, geometry, bucket, arch, gpu, triton), where
   renamed spec, another q_lora_rank or rope scaling, or a new spec field does not lose its entries, and
   specs with the same kernel share them;
 - bucket: the launch shape class (decode: the row block `m<block_m>`, `m<block_m>-small` in the latency
-  regime; prefill: `causal` or `prefix`);
+  regime, `gluon` for the Hopper backend; prefill: `causal` or `prefix`, `gluon-causal` or `gluon-prefix` for
+  the Hopper backend);
 - arch: the GPU family, its compute capability (`sm90`); gpu: the `torch.cuda.get_device_name()` it was
   measured on, or `*` for an entry meant for the whole family;
 - triton: the Triton release it was measured with.
@@ -49,7 +50,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from .launch_policy import DECODE_GLUON_BUCKET
+from .launch_policy import DECODE_GLUON_BUCKET, PREFILL_GLUON_BUCKETS
 from .paths import atomic_write_text, cache_dir, shipped_tuning_dir
 from .plan import KernelPlan, lower
 from .registry import resolve_spec
@@ -120,10 +121,10 @@ def kernel_geometry(kernel: str, spec: MLASpec) -> str:
     16-bit cache keeps the key it had before caches could differ). The heads H and the query tokens
     Sq enter only through the rows H * Sq, and those only through the row block they choose (the bucket,
     `m<block_m>`); Dn, Dv, q_lora_rank, the softmax scale (a runtime argument) and the name do not count.
-    prefill (`templates/prefill.py.jinja`, prefill and chunked prefill): Dn, Dr and Dv (the nope / rope
-    score dots and the value width) and the dtype; H only sizes the grid, the page size, Dc and the cache
-    dtype only the prefix expansion (PyTorch gather, dequantisation and GEMMs, not the tuned kernel), and
-    causal or prefix is the bucket.
+    prefill (`templates/prefill.py.jinja` and its Hopper backend `prefill_gluon.py.jinja`, prefill and chunked
+    prefill): Dn, Dr and Dv (the nope / rope score dots and the value width) and the dtype; H only sizes the
+    grid, the page size, Dc and the cache dtype only the prefix expansion (PyTorch gather, dequantisation and
+    GEMMs, not the tuned kernel), and causal or prefix (on either backend) is the bucket.
     """
     if kernel == "decode":
         cache = f"-{spec.cache_dtype}" if spec.cache_dtype != spec.dtype else ""
@@ -262,7 +263,8 @@ def _valid_configs(spec: MLASpec, plan: KernelPlan | None = None) -> dict[str, d
     The bucket names mirror `decode_bucket(block_m, small)` of the generated module (tests check they
     agree): "m<block_m>" and, for the latency regime, "m<block_m>-small", over the same space, and "gluon"
     for the Hopper backend's (block_n, consumer_regs, num_stages); prefill has one space for both of its
-    buckets.
+    buckets ("causal", "prefix"), and the Hopper backend one (block_n, stages) space for both of its own
+    ("gluon-causal", "gluon-prefix").
     """
     plan = lower(spec) if plan is None else plan
     out: dict[str, dict[str, set[tuple[int, ...]]]] = {}
@@ -276,6 +278,9 @@ def _valid_configs(spec: MLASpec, plan: KernelPlan | None = None) -> dict[str, d
     if plan.prefill is not None:
         configs = {c.as_tuple() for c in plan.prefill.space}
         out["prefill"] = {bucket: configs for bucket in PREFILL_BUCKETS}
+        if plan.prefill.gluon.eligible:
+            gluon_configs = set(plan.prefill.gluon.space)
+            out["prefill"].update({bucket: gluon_configs for bucket in PREFILL_GLUON_BUCKETS.values()})
     return out
 
 

@@ -13,7 +13,10 @@ Buckets tuned, per spec:
 - prefill: `causal` (`mla_prefill` over the case's new tokens) and `prefix` (the non-causal launch of
   chunked prefill: the new tokens against a prefix of the case's length, already in MHA form); each
   configuration is first checked against the float64 reference on `verify.prefill_cases` (tile-edge
-  lengths, chunked prefill included), then timed.
+  lengths, chunked prefill included), then timed. Where the Gluon prefill runs (Hopper, a geometry it
+  takes), also its buckets `gluon-causal` and `gluon-prefix`: (block_n, ring stages) timed on the same cases
+  and launches through `_launch_prefill_gluon`, each checked the same way with the Gluon backend forced
+  (elsewhere they are left out, and `mlagen tune` says why).
 
 A key (kernel, geometry, bucket) is tuned once per run even when several specs reach it (e.g. deepseek-v2
 and deepseek-v3-tp1): the first spec measures it, and the entry records what it was measured with. A
@@ -44,7 +47,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from .launch_policy import DECODE_GLUON_BUCKET
+from .launch_policy import DECODE_GLUON_BUCKET, PREFILL_GLUON_BUCKETS
 from .tuning_db import MARGIN, kernel_geometry, tuned_for_spec, write_db
 
 __all__ = [
@@ -58,6 +61,7 @@ __all__ = [
     "TuneReport",
     "decode_buckets",
     "entries_from_results",
+    "gluon_prefill_unavailable",
     "make_inputs",
     "parse_buckets",
     "parse_cases",
@@ -141,13 +145,18 @@ def parse_cases(text: str) -> list[TuneCase]:
     return [CASES[n] for n in dict.fromkeys(names)]
 
 
+#: the prefill buckets by name: the portable kernel's, then the Gluon kernel's
+PREFILL_BUCKET_NAMES = ("causal", "prefix", *PREFILL_GLUON_BUCKETS.values())
+
+
 def parse_buckets(text: str) -> list[str]:
-    """Comma-separated bucket names: m<rows>, m<rows>-small, gluon, causal, prefix."""
+    """Comma-separated bucket names: m<rows>, m<rows>-small, gluon, causal, prefix, gluon-causal, gluon-prefix."""
     names = [part.strip() for part in text.split(",") if part.strip()]
-    pattern = re.compile(r"^(m\d+(-small)?|causal|prefix|" + DECODE_GLUON_BUCKET + ")$")
+    fixed = (DECODE_GLUON_BUCKET, *PREFILL_BUCKET_NAMES)
+    pattern = re.compile(r"^(m\d+(-small)?|" + "|".join(map(re.escape, fixed)) + ")$")
     for name in names:
         if not pattern.match(name):
-            raise ValueError(f"--buckets: unknown bucket '{name}' (m<rows>, m<rows>-small, gluon, causal, prefix)")
+            raise ValueError(f"--buckets: unknown bucket '{name}' (m<rows>, m<rows>-small, {', '.join(fixed)})")
     if not names:
         raise ValueError("--buckets: no bucket given")
     return names
@@ -198,21 +207,48 @@ def _decode_backend(bucket: Bucket) -> str:
     return "gluon" if bucket.bucket == DECODE_GLUON_BUCKET else "triton"
 
 
-def prefill_buckets(module: ModuleType, cases: Sequence[TuneCase]) -> list[Bucket]:
-    """`causal` on every prefill case, `prefix` on those with a prefix (none when the module has no prefill)."""
+def gluon_prefill_unavailable(module: ModuleType, device: Any) -> str:
+    """'' where the module's Gluon prefill runs on `device` (None: nowhere), else why not: then its buckets are
+    not tuned. The reason is the one forcing the Gluon backend there fails with (`prefill_backend`)."""
+    if not hasattr(module, "mla_prefill"):
+        return "the module has no prefill"
+    if device is None:
+        return "no device given"
+    try:
+        module.prefill_backend(device, "gluon")
+    except ValueError as error:
+        return str(error)
+    return ""
+
+
+def prefill_buckets(module: ModuleType, cases: Sequence[TuneCase], device: Any = None) -> list[Bucket]:
+    """`causal` on every prefill case, `prefix` on those with a prefix (none when the module has no prefill);
+    where the Gluon prefill runs on `device` (`gluon_prefill_unavailable`), `gluon-causal` and `gluon-prefix`
+    on the same cases, over its (block_n, stages) space."""
     if not hasattr(module, "mla_prefill"):
         return []
-    configs = tuple(tuple(c) for c in module.PREFILL_SPACE)
-    default = tuple(module.PREFILL_DEFAULT)
     prefill_cases = [c for c in cases if c.kernel == "prefill"]
+    reached = {"causal": tuple(prefill_cases), "prefix": tuple(c for c in prefill_cases if c.prefix_len > 0)}
+    spaces = [("", module.PREFILL_SPACE, module.PREFILL_DEFAULT)]
+    if not gluon_prefill_unavailable(module, device):
+        spaces.append(("gluon", module.PREFILL_GLUON_SPACE, module.PREFILL_GLUON_DEFAULT))
     out = []
-    for bucket, bucket_cases in (
-        ("causal", prefill_cases),
-        ("prefix", [c for c in prefill_cases if c.prefix_len > 0]),
-    ):
-        if bucket_cases:
-            out.append(Bucket("prefill", bucket, configs, default, tuple(bucket_cases)))
+    for backend, space, default in spaces:
+        configs = tuple(tuple(c) for c in space)
+        for launch, bucket_cases in reached.items():
+            bucket = PREFILL_GLUON_BUCKETS[launch] if backend else launch
+            if bucket_cases:
+                out.append(Bucket("prefill", bucket, configs, tuple(default), bucket_cases))
     return out
+
+
+def _prefill_backend(bucket: Bucket) -> str:
+    return "gluon" if bucket.bucket in PREFILL_GLUON_BUCKETS.values() else "triton"
+
+
+def _prefill_causal(bucket: Bucket) -> bool:
+    """Whether the bucket's launch is the causal one (new tokens among themselves), else the prefix launch."""
+    return bucket.bucket in ("causal", PREFILL_GLUON_BUCKETS["causal"])
 
 
 # ---- inputs ------------------------------------------------------------------------------------------------
@@ -281,7 +317,7 @@ def make_prefill_inputs(module: ModuleType, seqlens: Sequence[int], prefix_len: 
 def _bucket_inputs(module: ModuleType, bucket: Bucket, seqlens: Sequence[int], prefix_len: int, generator, device):
     if bucket.kernel == "decode":
         return make_inputs(module, seqlens, bucket.seqlen_q, generator, device)
-    return make_prefill_inputs(module, seqlens, prefix_len if bucket.bucket == "prefix" else 0, generator, device)
+    return make_prefill_inputs(module, seqlens, 0 if _prefill_causal(bucket) else prefix_len, generator, device)
 
 
 # ---- one call, as timed ---------------------------------------------------------------------------------
@@ -301,18 +337,25 @@ def _timed_call(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], conf
     q = inputs["q"]
     lse = torch.empty((module.NUM_HEADS, q.shape[0]), dtype=torch.float32, device=q.device)
     out_shape = (q.shape[0], module.NUM_HEADS, module.V_HEAD_DIM)
-    if bucket.bucket == "causal":
+    causal, gluon = _prefill_causal(bucket), _prefill_backend(bucket) == "gluon"
+    if causal and not gluon:
         new = {k: inputs[k] for k in ("q", "k_nope", "k_pe", "v", "cu_seqlens", "max_seqlen")}
         out = torch.empty(out_shape, dtype=module.DTYPE, device=q.device)
         return lambda: module.mla_prefill(**new, out=out, lse=lse, return_lse=True, config=config)
-    out = torch.empty(out_shape, dtype=torch.float32, device=q.device)  # fp32 partials, as chunked prefill
-    prefix = inputs["prefix"]
-    # the prefix launch of mla_chunked_prefill alone (the expansion GEMMs and the causal launch are
-    # not what this bucket's configuration decides)
-    return lambda: module._launch_prefill(
-        q, prefix["k_nope"], prefix["k_pe"], prefix["v"], inputs["cu_seqlens"], prefix["cu_prefix"],
-        inputs["max_seqlen"], out, lse, module.SOFTMAX_SCALE, False, config,
-    )  # fmt: skip
+    if causal:
+        keys, cu_k = inputs, inputs["cu_seqlens"]
+        out = torch.empty(out_shape, dtype=module.DTYPE, device=q.device)
+    else:
+        # the prefix launch of mla_chunked_prefill alone (the expansion GEMMs and the causal launch are
+        # not what this bucket's configuration decides)
+        keys, cu_k = inputs["prefix"], inputs["prefix"]["cu_prefix"]
+        out = torch.empty(out_shape, dtype=torch.float32, device=q.device)  # fp32 partials, as chunked prefill
+    args = (q, keys["k_nope"], keys["k_pe"], keys["v"], inputs["cu_seqlens"], cu_k, inputs["max_seqlen"], out, lse,
+            module.SOFTMAX_SCALE, causal)  # fmt: skip
+    if gluon:
+        # the Gluon kernel's launch alone (mla_prefill's argument checks are host time its tile does not decide)
+        return lambda: module._launch_prefill_gluon(*args, config=config)
+    return lambda: module._launch_prefill(*args, config)
 
 
 def time_config(
@@ -335,19 +378,22 @@ def _check_config(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], co
     """'' when `config` gives the reference's results, else what is wrong.
 
     decode: on the timed inputs, outputs poisoned so an element the kernel does not write fails.
-    prefill: on `verify.prefill_cases` (tile-edge lengths, prefill and chunked prefill).
+    prefill: on `verify.prefill_cases` (tile-edge lengths, prefill and chunked prefill), on the bucket's backend.
     """
     import torch
 
+    from .options import use_options
     from .verify import compare_with_lse, prefill_cases, run_prefill_case
 
     if bucket.kernel == "prefill":
         device = inputs["q"].device
-        for i, case in enumerate(prefill_cases(device.type == "cuda")):
-            generator = torch.Generator().manual_seed(i)
-            for result in run_prefill_case(module, case, generator, device, config=tuple(config)):
-                if not result.passed and result.kernel != "cache_write":
-                    return f"{result.kernel} {case.name}: {result.detail}"
+        # the bucket's backend forced: a config is that backend's kind (mla_prefill's config)
+        with use_options(prefill_backend=_prefill_backend(bucket)):
+            for i, case in enumerate(prefill_cases(device.type == "cuda")):
+                generator = torch.Generator().manual_seed(i)
+                for result in run_prefill_case(module, case, generator, device, config=tuple(config)):
+                    if not result.passed and result.kernel != "cache_write":
+                        return f"{result.kernel} {case.name}: {result.detail}"
         return ""
     q = inputs["q"]
     batch, seqlen_q = q.shape[0], q.shape[1]
@@ -646,9 +692,14 @@ def tune_specs(
             path = compile_spec(spec, Path(tmp) / spec.module_name)
             module = import_module_from_path(path)
             buckets = []
-            for bucket in (decode_buckets(module, cases, device) if "decode" in spec.kernels else []) + prefill_buckets(
-                module, cases
-            ):
+            found = decode_buckets(module, cases, device) if "decode" in spec.kernels else []
+            found += prefill_buckets(module, cases, device)
+            gluon_wanted = buckets_wanted is None or set(buckets_wanted) & set(PREFILL_GLUON_BUCKETS.values())
+            if "prefill" in spec.kernels and gluon_wanted and any(c.kernel == "prefill" for c in cases):
+                why = gluon_prefill_unavailable(module, device)
+                if why:
+                    log(f"{spec.name}: Gluon prefill buckets not tuned: {why}")
+            for bucket in found:
                 if buckets_wanted is not None and bucket.bucket not in buckets_wanted:
                     continue
                 key = (bucket.kernel, kernel_geometry(bucket.kernel, spec), bucket.bucket)

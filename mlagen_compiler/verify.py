@@ -333,7 +333,8 @@ def run_prefill_case(
 ) -> list[CaseResult]:
     """mla_prefill and mla_chunked_prefill on one set of random inputs.
 
-    config: a prefill tile configuration to force (the tuner checks each one); default: the module's choice.
+    config: a prefill tile configuration to force (the tuner checks each one), of the backend in force's kind
+    (mla_prefill's config); default: the module's choice.
     """
     import torch
 

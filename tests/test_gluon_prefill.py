@@ -16,7 +16,16 @@ from hypothesis import strategies as st
 from mlagen_compiler.launch_policy import PREFILL_AUTO_GLUON, select_prefill_backend
 from mlagen_compiler.module_file import module_source
 from mlagen_compiler.options import Options, use_options
-from mlagen_compiler.plan import GLUON_MAX_SMEM, lower, lower_gluon_prefill
+from mlagen_compiler.plan import (
+    GLUON_MAX_SMEM,
+    GLUON_PREFILL_BLOCK_NS,
+    GLUON_PREFILL_LIVE_REGS,
+    GLUON_PREFILL_MAX_STAGES,
+    _gluon_prefill_live_regs,
+    _gluon_prefill_smem_bytes,
+    lower,
+    lower_gluon_prefill,
+)
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import spec_from_dict
 
@@ -32,7 +41,43 @@ def test_bundled_specs_render_gluon_prefill_source(name):
     source = module_source(spec)
     assert "def _mla_prefill_gluon_kernel(" in source and "def _launch_prefill_gluon(" in source
     assert f"PREFILL_GLUON_BLOCK_N = {plan.block_n}" in source and f"PREFILL_GLUON_STAGES = {plan.num_stages}" in source
+    # the tuning space and its default (today's tile) beside them
+    assert f"PREFILL_GLUON_SPACE = {plan.space}" in source and f"PREFILL_GLUON_DEFAULT = {plan.default}" in source
     compile(source, f"<{name}>", "exec")
+
+
+def _fits(dn, dr, dv, block_n, stages):
+    """Whether a (block_n, stages) tile of the Gluon prefill fits its registers and shared memory."""
+    plan = lower_gluon_prefill(dn, dr, dv)
+    smem = _gluon_prefill_smem_bytes(dn, dr, dv, plan.block_m, block_n, stages)
+    return (
+        smem <= GLUON_MAX_SMEM and _gluon_prefill_live_regs(dv, plan.warpgroup_rows, block_n) <= GLUON_PREFILL_LIVE_REGS
+    )
+
+
+@pytest.mark.parametrize("name", PREFILL_SPECS)
+def test_gluon_prefill_space_is_every_tile_that_fits(name):
+    """The space `mlagen tune` times: every (block_n, stages) of the offered blocks and ring depths that fits
+    registers and shared memory, largest block first; its default is the plan's tile (the largest block that fits,
+    with the most stages beside it)."""
+    spec = resolve_spec(name)
+    dims = (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim)
+    plan = lower(spec).prefill.gluon
+    offered = [(n, s) for n in GLUON_PREFILL_BLOCK_NS for s in range(2, GLUON_PREFILL_MAX_STAGES + 1)]
+    assert plan.space == tuple(c for c in offered if _fits(*dims, *c)) and len(set(plan.space)) == len(plan.space)
+    assert plan.default == (plan.block_n, plan.num_stages) and plan.default in plan.space
+    largest = max(n for n, _ in plan.space)
+    assert plan.default == (largest, max(s for n, s in plan.space if n == largest))
+    assert plan.smem_bytes == _gluon_prefill_smem_bytes(*dims, plan.block_m, *plan.default)
+
+
+def test_gluon_prefill_space_of_deepseek_and_of_an_ineligible_geometry():
+    # DeepSeek-V3: 128-key blocks fit two stages beside the 128-row query tile, 64-key blocks up to four
+    plan = lower_gluon_prefill(128, 64, 128)
+    assert plan.space == ((128, 2), (64, 2), (64, 3), (64, 4)) and plan.default == (128, 2)
+    # where the Gluon prefill does not run, nothing to tune
+    assert lower_gluon_prefill(48, 64, 128).space == ()
+    assert lower_gluon_prefill(256, 256, 256).space == ()
 
 
 def test_bundled_prefill_specs_exist():
@@ -255,4 +300,5 @@ def test_a_geometry_the_gluon_prefill_rejects_renders_no_gluon_prefill():
     assert not lower(spec).prefill.gluon.eligible
     source = module_source(spec)
     assert "_mla_prefill_gluon_kernel" not in source and "PREFILL_GLUON_ELIGIBLE = False" in source
+    assert "PREFILL_GLUON_SPACE = ()" in source
     compile(source, "<no-gluon-prefill>", "exec")

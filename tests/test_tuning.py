@@ -5,6 +5,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -248,8 +249,13 @@ def test_bucket_names_agree_with_generated_module(build_module):
     for m, cfgs in module.DECODE_SPACE.items():
         for small in (False, True):
             assert valid["decode"][module.decode_bucket(m, small)] == {tuple(c) for c in cfgs}
-    assert set(valid["prefill"]) == set(tuning_db.PREFILL_BUCKETS) == {"causal", "prefix"}
-    assert all(configs == {tuple(c) for c in module.PREFILL_SPACE} for configs in valid["prefill"].values())
+    assert set(tuning_db.PREFILL_BUCKETS) == {"causal", "prefix"}
+    gluon_buckets = {module.prefill_gluon_bucket(causal) for causal in (True, False)}
+    assert gluon_buckets == {"gluon-causal", "gluon-prefix"} and module.PREFILL_GLUON_ELIGIBLE
+    assert set(valid["prefill"]) == set(tuning_db.PREFILL_BUCKETS) | gluon_buckets
+    for bucket, configs in valid["prefill"].items():
+        space = module.PREFILL_GLUON_SPACE if bucket in gluon_buckets else module.PREFILL_SPACE
+        assert configs == {tuple(c) for c in space}
 
 
 def _pretend_gpu(monkeypatch, module, arch, name):
@@ -764,3 +770,182 @@ def test_config_labels_name_what_each_number_is():
     assert _config_text("decode", (32, 4, 3)) == "n32w4s3"
     assert _config_text("decode", (64, 168, 2), "gluon") == "n64r168s2"  # registers, not warps
     assert _config_text("prefill", (128, 64, 8, 3), "causal") == "m128n64w8s3"
+
+
+def _record_gluon_prefill_launches(monkeypatch, module):
+    """The Gluon prefill's kernel replaced by a recorder (it cannot run here): its launches' (CAUSAL, BLOCK_N,
+    STAGES), last first out."""
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **constexprs: launched.append(
+                (constexprs["CAUSAL"], constexprs["BLOCK_N"], constexprs["STAGES"])
+            )
+
+    monkeypatch.setattr(module, "_mla_prefill_gluon_kernel", Recorder())
+    return launched
+
+
+def test_gluon_prefill_entries_reach_the_gluon_launch(tmp_path, monkeypatch):
+    """Entries of buckets "gluon-causal" and "gluon-prefix" (block_n, stages) are taken by the Gluon prefill's
+    causal and prefix launches on their GPU family and nowhere else; entries outside the plan's space are dropped;
+    a forced configuration must be one of the space's, named in the one-line error."""
+    from helpers import DEEPSEEK_V3_TP8_SPEC
+
+    spec = spec_from_dict({**DEEPSEEK_V3_TP8_SPEC, "name": "tune-gluon-prefill", "kernels": ["prefill"]})
+    plan = lower(spec).prefill.gluon
+    assert plan.eligible and plan.default in plan.space
+    causal_pick, prefix_pick = [c for c in plan.space if c != plan.default][:2]
+    stale = (128, 4)  # does not fit shared memory: never in the space
+    assert stale not in plan.space
+    db = tmp_path / "db.json"
+    write_db(
+        db,
+        [
+            entry(spec, "gluon-causal", causal_pick, kernel="prefill"),
+            entry(spec, "gluon-prefix", prefix_pick, kernel="prefill"),
+            entry(spec, "gluon-causal", stale, kernel="prefill", gpu="NVIDIA H200"),
+        ],
+    )
+    tuned = tuned_for_spec(spec, [db])
+    assert tuned["prefill"] == {
+        f"sm90|{H100}|gluon-causal": list(causal_pick),
+        "sm90|*|gluon-causal": list(causal_pick),
+        f"sm90|{H100}|gluon-prefix": list(prefix_pick),
+        "sm90|*|gluon-prefix": list(prefix_pick),
+    }
+    module = import_module_from_path(compile_spec(spec, tmp_path / "tuned", tuned))
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    assert (plan.space, plan.default) == (module.PREFILL_GLUON_SPACE, module.PREFILL_GLUON_DEFAULT)
+    launched = _record_gluon_prefill_launches(monkeypatch, module)
+    tokens, heads = 8, module.NUM_HEADS
+    dn, dr, dv = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    q = torch.zeros(tokens, heads, dn + dr, dtype=module.DTYPE)
+    k_nope, k_pe = torch.zeros(tokens, heads, dn, dtype=module.DTYPE), torch.zeros(tokens, dr, dtype=module.DTYPE)
+    v, out = torch.zeros(tokens, heads, dv, dtype=module.DTYPE), torch.zeros(tokens, heads, dv, dtype=module.DTYPE)
+    cu = torch.tensor([0, tokens], dtype=torch.int32)
+
+    def launch(causal, **config):
+        """(CAUSAL, BLOCK_N, STAGES) of one Gluon launch (sections given: no L2 size asked of the CPU)."""
+        module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, tokens, out, None, 0.1, causal, 1, **config)
+        return launched.pop()
+
+    _pretend_gpu(monkeypatch, module, "sm90", H100)
+    assert launch(True) == (True, *causal_pick) and launch(False) == (False, *prefix_pick)
+    assert launch(False, config=list(causal_pick)) == (False, *causal_pick)  # forced (the tuner's)
+    _pretend_gpu(monkeypatch, module, "sm90", "NVIDIA H200")  # its entry is stale: the family's
+    assert launch(True) == (True, *causal_pick)
+    _pretend_gpu(monkeypatch, module, "sm100", "NVIDIA B200")  # no entry for its family: the default
+    assert launch(True) == (True, *plan.default) and launch(False) == (False, *plan.default)
+    allowed = re.escape(str(list(plan.space)))
+    for bad in ((128, 64, 8, 2), (128, 4), "128x2"):
+        with pytest.raises(ValueError, match=rf"^config: the Gluon prefill takes \(block_n, stages\) in {allowed}, "):
+            launch(True, config=bad)
+    assert not launched
+
+
+def test_tuned_gluon_prefill_configs_are_checked_as_launches_take_them():
+    from mlagen_compiler.launch_policy import check_tuned_config
+
+    assert check_tuned_config("prefill", "gluon-causal", [64, 3]) == (64, 3)
+    assert check_tuned_config("prefill", "gluon-prefix", (128, 2)) == (128, 2)
+    for bad in ((128, 64, 8, 2), (128, 0), (128, True)):
+        with pytest.raises(ValueError, match=r"^config: expected \(block_n, stages\) of ints >= 1, got "):
+            check_tuned_config("prefill", "gluon-causal", bad)
+    with pytest.raises(ValueError, match=r"^config: expected \(block_m, block_n"):
+        check_tuned_config("prefill", "causal", (128, 2))  # the portable kernel's bucket: its own kind
+    spec = spec_from_dict({**FIELDS, "kernels": ["prefill"]})
+    with pytest.raises(ValueError, match=r"^tuned\['prefill'\]\['sm90\|\*\|gluon-prefix'\]: config: expected"):
+        module_source(spec, {"prefill": {"sm90|*|gluon-prefix": [64, 4, 2]}})
+
+
+def test_gluon_prefill_buckets_where_the_gluon_prefill_runs(tmp_path, monkeypatch):
+    """The tuner's Gluon prefill buckets: built where the Gluon prefill runs (Hopper, a geometry it takes) on the
+    prefill cases over its space, left out elsewhere with the reason; each configuration checked with the Gluon
+    backend forced (reaching the Gluon launch of mla_prefill and both launches of chunked prefill) and timed
+    through _launch_prefill_gluon; the winners' entries reach the module's table."""
+    from mlagen_compiler import tuning_search
+    from mlagen_compiler.cli.tuning import _config_text
+    from mlagen_compiler.tuning_search import gluon_prefill_unavailable, parse_buckets
+
+    spec = spec_from_dict({**PINNED, "name": "tune-gluon-prefill-small", "kernels": ["prefill"]})
+    plan = lower(spec).prefill.gluon
+    module = import_module_from_path(compile_spec(spec, tmp_path / "module"))
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    new_only = TuneCase("tiny-pf-new", 2, 24, False, "prefill")
+    cases = [TINY_CASES[2], new_only, TINY_CASES[0]]  # with a prefix, without, and a decode case
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)  # cuda never touched: the GPU pretended
+    portable = ["causal", "prefix"]
+
+    def bucket_names(device):
+        return [b.bucket for b in prefill_buckets(module, cases, device)]
+
+    # where it cannot run: the portable buckets only, and why
+    assert bucket_names(None) == bucket_names(cuda) == portable and gluon_prefill_unavailable(module, None)
+    interpreting = "backend: 'gluon' cannot run here: TRITON_INTERPRET=1: Triton's interpreter cannot run Gluon kernels"
+    assert gluon_prefill_unavailable(module, cuda) == interpreting
+    _pretend_gpu(monkeypatch, module, "sm90", H100)
+    assert gluon_prefill_unavailable(module, cpu) == "backend: 'gluon' cannot run here: not a CUDA device"
+    assert bucket_names(cpu) == portable
+    monkeypatch.setattr(module, "_gpu_capability", lambda device: (8, 0))
+    assert "compute capability 8.0" in gluon_prefill_unavailable(module, cuda) and bucket_names(cuda) == portable
+    odd = spec_from_dict({**FIELDS, "name": "no-gluon-prefill", "qk_nope_head_dim": 48, "kernels": ["prefill"]})
+    odd_module = import_module_from_path(compile_spec(odd, tmp_path / "odd"))
+    assert "geometry not taken by the Gluon prefill: Dn = 48" in gluon_prefill_unavailable(odd_module, cuda)
+    # on Hopper: both Gluon buckets, over the plan's space, on the cases that reach their launch
+    monkeypatch.setattr(module, "_gpu_capability", lambda device: (9, 0))
+    assert gluon_prefill_unavailable(module, cuda) == ""
+    buckets = {b.bucket: b for b in prefill_buckets(module, cases, cuda)}
+    assert list(buckets) == [*portable, "gluon-causal", "gluon-prefix"]
+    for name, reached in (("gluon-causal", (TINY_CASES[2], new_only)), ("gluon-prefix", (TINY_CASES[2],))):
+        bucket = buckets[name]
+        assert (bucket.kernel, bucket.configs, bucket.default, bucket.cases) == ("prefill", plan.space, plan.default,
+                                                                                 reached)  # fmt: skip
+    assert parse_buckets("gluon-causal,gluon-prefix,causal") == ["gluon-causal", "gluon-prefix", "causal"]
+    assert _config_text("prefill", (64, 3), "gluon-prefix") == "n64s3"
+
+    # the check and the timed call reach the Gluon launch with the configuration (the portable kernel in the
+    # interpreter stands in for it, so the check compares real results with the reference)
+    seen = []
+
+    def gluon_stand_in(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None,
+                       config=None):  # fmt: skip
+        seen.append((causal, k_nope.shape[0], tuple(config)))
+        with monkeypatch.context() as interpreting:
+            interpreting.setattr(module, "_INTERPRET", True)  # (the interpreter's upcast dots)
+            module._launch_prefill(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal,
+                                   module.PREFILL_INTERPRETER_CONFIG)  # fmt: skip
+
+    monkeypatch.setattr(module, "_launch_prefill_gluon", gluon_stand_in)
+    config = plan.space[-1]
+    inputs = tuning_search._bucket_inputs(module, buckets["gluon-prefix"], [24, 24], 20, torch.Generator(), cpu)
+    assert tuning_search._check_config(module, buckets["gluon-prefix"], inputs, config, None) == ""
+    # mla_prefill (causal), then chunked prefill's prefix launch and causal launch, all with the forced config
+    assert [(causal, c) for causal, _, c in seen] == [(True, config), (False, config), (True, config)]
+    seen.clear()
+    tuning_search._timed_call(module, buckets["gluon-prefix"], inputs, config)()
+    tuning_search._timed_call(module, buckets["gluon-causal"], inputs, config)()
+    assert seen == [(False, 40, config), (True, 48, config)]  # the prefixes' keys, then the new tokens'
+
+    # tune_module on the Gluon buckets (the default and one other configuration; a fake clock that makes the other
+    # faster), its entries written and picked up by a module built from them
+    pick = next(c for c in plan.space if c != plan.default)
+    monkeypatch.setattr(
+        tuning_search, "time_config", lambda module, bucket, inputs, config, **_: 50.0 if config == pick else 100.0
+    )
+    gluon_buckets = [
+        dataclasses.replace(buckets[b], configs=(plan.default, pick)) for b in ("gluon-causal", "gluon-prefix")
+    ]
+    results = tuning_search.tune_module(module, gluon_buckets, device=cpu)
+    assert [(r.kernel, r.bucket, r.chosen) for r in results] == [
+        ("prefill", "gluon-causal", pick),
+        ("prefill", "gluon-prefix", pick),
+    ]
+    db = tmp_path / "db.json"
+    write_db(db, entries_from_results(results))
+    built = import_module_from_path(compile_spec(spec, tmp_path / "from-db", tuned_for_spec(spec, [db])))
+    tuned = built.PREFILL_TUNED
+    assert tuned == {("sm90", gpu, bucket): pick for gpu in (H100, "*") for bucket in ("gluon-causal", "gluon-prefix")}

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
+from ..launch_policy import DECODE_GLUON_BUCKET, PREFILL_GLUON_BUCKETS
 from .common import (
     AllOption,
     SeedOption,
@@ -113,15 +114,17 @@ def tune_command(
         typer.Option(
             "--buckets",
             help="only these buckets, comma-separated: decode m<rows>, m<rows>-small, gluon (the Hopper "
-            "backend's registers and stages); prefill causal, prefix",
+            "backend's registers and stages); prefill causal, prefix, gluon-causal, gluon-prefix (the Hopper "
+            "backend's key blocks and stages)",
         ),
     ] = None,
 ) -> None:
     """Benchmark each spec's autotune spaces on this GPU and record the winners in a tuning database.
 
-    Decode row-block buckets (serving batches and the latency regime) and prefill (causal, prefix): each
-    configuration is checked against the reference, then timed; the fastest wins, the default unless one
-    beats it by over 1%. A kernel that several specs share is tuned once.
+    Decode row-block buckets (serving batches and the latency regime) and prefill (causal, prefix), and on
+    Hopper the Gluon backends' (decode gluon; prefill gluon-causal, gluon-prefix): each configuration is
+    checked against the reference, then timed; the fastest wins, the default unless one beats it by over 1%.
+    A kernel that several specs share is tuned once.
     """
     from ..tuning_db import user_db_path
     from ..tuning_search import default_jobs, parse_buckets, parse_cases, tune_specs
@@ -206,7 +209,7 @@ def register(app: typer.Typer) -> None:
 
 def _print_summary(results: list) -> None:
     header = (
-        f"{'spec':<18} {'kernel':<7} {'bucket':<9} {'Sq':>2} {'default':<15} {'def µs':>9} {'tuned':<15} "
+        f"{'spec':<18} {'kernel':<7} {'bucket':<12} {'Sq':>2} {'default':<15} {'def µs':>9} {'tuned':<15} "
         f"{'tuned µs':>9} {'speedup':>7} {'ok/wrong/failed':>15}"
     )
     typer.echo(header)
@@ -219,7 +222,7 @@ def _print_summary(results: list) -> None:
         counts = [sum(x.status == s for x in r.results) for s in ("ok", "wrong", "failed")]
         speed = f"{d_us / c_us:.3f}x" if d_us and c_us else "-"
         typer.echo(
-            f"{r.spec_name:<18} {r.kernel:<7} {r.bucket:<9} {r.seqlen_q or '-':>2} "
+            f"{r.spec_name:<18} {r.kernel:<7} {r.bucket:<12} {r.seqlen_q or '-':>2} "
             f"{_config_text(r.kernel, r.default, r.bucket):<15} {_us_text(d_us):>9} "
             f"{_config_text(r.kernel, r.chosen, r.bucket):<15} "
             f"{_us_text(c_us):>9} {speed:>7} {'/'.join(map(str, counts)):>15}"
@@ -228,10 +231,13 @@ def _print_summary(results: list) -> None:
 
 def _config_text(kernel: str, config: Any, bucket: str = "") -> str:
     """decode (block_n, warps, stages) -> n32w4s3, its Gluon bucket (block_n, registers, stages) -> n64r168s2;
-    prefill (block_m, block_n, warps, stages) -> m128n64w8s3."""
+    prefill (block_m, block_n, warps, stages) -> m128n64w8s3, its Gluon buckets (block_n, stages) -> n128s2."""
     if config is None:
         return "-"
-    names = ("nrs" if bucket == "gluon" else "nws") if kernel == "decode" else "mnws"
+    if kernel == "decode":
+        names = "nrs" if bucket == DECODE_GLUON_BUCKET else "nws"
+    else:
+        names = "ns" if bucket in PREFILL_GLUON_BUCKETS.values() else "mnws"
     return "".join(f"{k}{v}" for k, v in zip(names, config, strict=True))
 
 
