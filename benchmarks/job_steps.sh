@@ -9,6 +9,8 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     || exit 1
 fi
 export PYTHONPATH=/tmp/site:$PWD
+# (and this tree's entry points, as an editable install has them: the pytest plugin, the vLLM plugin)
+python3 scripts/editable_metadata.py /tmp/site >/dev/null || exit 1
 
 # step NAME SECONDS COMMAND...: the command's output goes to $out/NAME.log; here, its exit status, its time and the
 # lines that matter (STEP_LINES, an extended regular expression); the limit shrinks to what is left of the budget,

@@ -78,20 +78,7 @@ install_rig() {
   python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$rig/site" "$rig"/wheels/*.whl 2>&1 | grep -v "^WARNING: Target directory" || true
   # mlagen from this tree, with the entry points pyproject.toml declares (an editable install's metadata)
-  python3 - "$rig/site" <<'EOF' || return 1
-import pathlib, re, sys, tomllib
-project = tomllib.loads(pathlib.Path("pyproject.toml").read_text())["project"]
-version = re.search(r'__version__\s*=\s*"([^"]+)"', pathlib.Path("mlagen_compiler/_version.py").read_text())[1]
-dist = pathlib.Path(sys.argv[1]) / f"mlagen-{version}.dist-info"
-dist.mkdir(exist_ok=True)
-(dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: mlagen\nVersion: {version}\n")
-groups = dict(project.get("entry-points", {}))
-if "scripts" in project:
-    groups["console_scripts"] = project["scripts"]
-text = "".join(f"[{g}]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()) + "\n" for g, eps in groups.items())
-(dist / "entry_points.txt").write_text(text)
-print(f"mlagen {version} from {pathlib.Path.cwd()}; entry points: {sorted(groups)}")
-EOF
+  python3 scripts/editable_metadata.py "$rig/site" || return 1
   python3 - <<'EOF'
 import importlib.metadata as md, time
 t = time.time()
