@@ -320,6 +320,9 @@ def check_and_time_ours(row: dict, module, device, args: tuple, ref: torch.Tenso
                 row.setdefault("host_us", {})[name] = harness.host_us_per_call(
                     lambda: module.mla_prefill(*args), calls=50
                 )
+            if HOST_PROFILE and name not in _PROFILED:  # (--host-profile: the first case of each backend)
+                _PROFILED.add(name)
+                profile_host(f"{name} {case}", lambda: module.mla_prefill(*args))
     if row.get("host_us"):  # (wall time of calls issued back to back: the host's cost unless the GPU is slower)
         print(
             f"#   {case}: µs a call issued back to back: "
@@ -329,6 +332,30 @@ def check_and_time_ours(row: dict, module, device, args: tuple, ref: torch.Tenso
         row["gluon_max_err"], row["gluon_rel_err"], gluon_msg = checks["mlagen_gluon"]
         row["gluon_passed"] = not gluon_msg
     return outs["mlagen"]
+
+
+HOST_PROFILE = False
+_PROFILED: set[str] = set()
+
+
+def profile_host(label: str, call, calls: int = 200, top: int = 14) -> None:
+    """cProfile of `calls` calls issued back to back: where a call's host time goes (functions by own time)."""
+    import cProfile
+    import io
+    import pstats
+
+    calls = 2 if DRY_RUN else calls  # (the interpreter: a check that the profile runs, not a profile)
+    call()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+    profiler.disable()
+    if not DRY_RUN:
+        torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    print(f"# host profile, {label}, {calls} calls:\n" + text.getvalue(), flush=True)
 
 
 def run_case(module, heads, batch, seqlen, gen, device, sweep, sweeps) -> dict:
@@ -526,6 +553,9 @@ def main() -> None:
     parser.add_argument("--sweep", action="store_true", help="time every configuration in SWEEP")
     parser.add_argument("--no-chunked", action="store_true")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU interpreter (tests the script)")
+    parser.add_argument(
+        "--host-profile", action="store_true", help="cProfile the host side of each backend's calls on the first case"
+    )
     parser.add_argument("--append", type=Path, help="also append each case to this results log (JSON lines)")
     parser.add_argument(
         "--cases",
@@ -539,7 +569,8 @@ def main() -> None:
         parser.error(f"--cases: {sorted(cases - set(CASES)) or 'none'}: pick from {', '.join(CASES)}")
     if args.no_chunked:
         cases.discard("chunked")
-    global DRY_RUN, SHAPES, SWEEP, LONG, VARLEN, CHUNKED  # noqa: PLW0603
+    global DRY_RUN, HOST_PROFILE, SHAPES, SWEEP, LONG, VARLEN, CHUNKED  # noqa: PLW0603
+    HOST_PROFILE = args.host_profile
     if args.dry_run:
         DRY_RUN = True
         SHAPES, SWEEP = [(1, 48), (2, 32)], [(16, 16, 4, 1), (32, 16, 4, 1)]
@@ -727,8 +758,8 @@ def time_chunked(module, device, gen, chunk=4096, prefix=28672) -> dict:
     q, kn, kp, v, cu, _, cache, table, _, w_uk, w_uv = problem.args
     cu_p = problem.prefix_cu
 
-    def full():
-        return module.mla_chunked_prefill(*problem.args)
+    def full():  # (the prefix total as a host int, as a serving engine passes it: no read of prefix_lens)
+        return module.mla_chunked_prefill(*problem.args, num_prefix_tokens=prefix)
 
     want = chunked_reference(module, problem)
     with use_options(prefill_backend="triton"):
