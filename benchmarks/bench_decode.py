@@ -48,7 +48,7 @@ import harness
 import torch
 import triton
 import triton.testing
-from harness import host_us_per_call
+from harness import capture_graph, host_us_per_call
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -243,20 +243,6 @@ def median_ms(fn, rep: int = 200) -> float:
     """do_bench median, measured twice; the second is kept (the first run after allocating and checking
     a case was seen to read up to 25% slow on fresh buffers)."""
     return harness.median_ms(fn, warmup=25, rep=rep, repeat=2)
-
-
-def capture_graph(fn):
-    """(CUDA graph of `fn` after three warm-up calls on a side stream, fn's result during capture)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        result = fn()
-    return graph, result
 
 
 def time_graph(fn, graph=None) -> float:

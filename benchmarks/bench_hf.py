@@ -310,15 +310,7 @@ class Bench:
             return {"skipped": "CUDA graphs need a GPU"}
         with self.planned_decode_step() as step:
             eager = step().clone()
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # warm-up off the capture stream, as PyTorch asks
-                for _ in range(2):
-                    step()
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                static = step()
+            graph, static = harness.capture_graph(step, warmup=2)
             static.zero_()
             graph.replay()
             sync(self.device)

@@ -89,6 +89,22 @@ def host_us_per_call(call: Callable[[], Any], calls: int = 100) -> float:
     return elapsed / calls * 1e6
 
 
+def capture_graph(fn: Callable[[], Any], warmup: int = 3) -> tuple[Any, Any]:
+    """(CUDA graph of `fn` after `warmup` calls on a side stream, as PyTorch asks, fn's result during capture)."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = fn()
+    return graph, result
+
+
 def result_lines(bench: str, meta: dict[str, Any], rows: Iterable[tuple[str, dict[str, Any]]]) -> list[str]:
     """One results-log line per (case, figures) of a run whose environment is `meta`."""
     head = {key: meta.get(key) for key in ("gpu", "date", "commit", "torch", "triton")}

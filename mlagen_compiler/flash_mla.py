@@ -155,17 +155,9 @@ def flash_mla_with_kvcache(
         extra_topk_length=extra_topk_length,
     )
     return _decode(
-        q,
-        k_cache,
-        block_table,
-        cache_seqlens,
-        head_dim_v,
-        tile_scheduler_metadata,
-        num_splits,
-        softmax_scale,
-        causal,
-        None,
-    )
+        q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale,
+        causal, None,
+    )  # fmt: skip
 
 
 def flash_mla_with_kvcache_fp8(
@@ -199,17 +191,9 @@ def flash_mla_with_kvcache_fp8(
     if k_cache.dtype == torch.uint8:
         k_cache = k_cache.view(_FP8)
     return _decode(
-        q,
-        k_cache,
-        block_table,
-        cache_seqlens,
-        head_dim_v,
-        tile_scheduler_metadata,
-        num_splits,
-        softmax_scale,
-        causal,
-        descale_k,
-    )
+        q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale,
+        causal, descale_k,
+    )  # fmt: skip
 
 
 # ---- the shared path ------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ interpreter, where they stay small enough to run on a few cores within minutes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -67,24 +68,35 @@ def _explain(target: Target, problem: Any, **kwargs: Any) -> None:
     note(f"reproduce: {testing.reproducer(target.arg, problem, **kwargs)}")
 
 
+def _check(
+    target: Target,
+    data: st.DataObject,
+    inputs: Callable[..., st.SearchStrategy],
+    assert_matches: Callable[..., None],
+    bounds: str,
+    **kwargs: Any,
+) -> None:
+    """Draw a problem from `inputs` (shapes within _BOUNDS[bounds]), explain it and check it with
+    `assert_matches` (kwargs go to it and to the reproducer)."""
+    problem = data.draw(inputs(target.module, **_bounds(bounds)), label="problem")
+    _explain(target, problem, **kwargs)
+    assert_matches(target.module, problem, **kwargs)
+
+
 @entry_point("mla_decode")
 @given(data=st.data())
 def test_decode(target: Target, backend: str, data: st.DataObject) -> None:
     """mla_decode == absorbed decode over the paged cache: batch, Sq, lengths at page edges and empty ones,
     shuffled page tables, default and explicit scales, splits and both merges, NaN in unused slots, an fp8
     cache's scale in each form."""
-    problem = data.draw(testing.decode_inputs(target.module, **_bounds("decode")), label="problem")
-    _explain(target, problem, backend=backend)
-    testing.assert_decode_matches_reference(target.module, problem, backend=backend)
+    _check(target, data, testing.decode_inputs, testing.assert_decode_matches_reference, "decode", backend=backend)
 
 
 @entry_point("mla_prefill")
 @given(data=st.data())
 def test_prefill(target: Target, data: st.DataObject) -> None:
     """mla_prefill == causal MHA-form attention per packed sequence, lengths at the tile edges."""
-    problem = data.draw(testing.prefill_inputs(target.module, **_bounds("prefill")), label="problem")
-    _explain(target, problem)
-    testing.assert_prefill_matches_reference(target.module, problem)
+    _check(target, data, testing.prefill_inputs, testing.assert_prefill_matches_reference, "prefill")
 
 
 @entry_point("mla_chunked_prefill")
@@ -92,24 +104,18 @@ def test_prefill(target: Target, data: st.DataObject) -> None:
 def test_chunked_prefill(target: Target, data: st.DataObject) -> None:
     """mla_chunked_prefill == full causal attention over the cached prefix (shuffled pages, empty prefixes)
     and the new tokens."""
-    problem = data.draw(testing.chunked_prefill_inputs(target.module, **_bounds("chunked")), label="problem")
-    _explain(target, problem)
-    testing.assert_chunked_prefill_matches_reference(target.module, problem)
+    _check(target, data, testing.chunked_prefill_inputs, testing.assert_chunked_prefill_matches_reference, "chunked")
 
 
 @entry_point("merge_attn_states")
 @given(data=st.data())
 def test_merge_attn_states(target: Target, data: st.DataObject) -> None:
     """merge_attn_states of attention over keys A and over keys B == attention over A + B."""
-    problem = data.draw(testing.merge_inputs(target.module, **_bounds("merge")), label="problem")
-    _explain(target, problem)
-    testing.assert_merge_matches_reference(target.module, problem)
+    _check(target, data, testing.merge_inputs, testing.assert_merge_matches_reference, "merge")
 
 
 @entry_point("mla_cache_write")
 @given(data=st.data())
 def test_cache_write(target: Target, data: st.DataObject) -> None:
     """mla_cache_write == reference.cache_write bit for bit (padding skipped, other rows untouched)."""
-    problem = data.draw(testing.cache_write_inputs(target.module, **_bounds("cache_write")), label="problem")
-    _explain(target, problem)
-    testing.assert_cache_write_matches_reference(target.module, problem)
+    _check(target, data, testing.cache_write_inputs, testing.assert_cache_write_matches_reference, "cache_write")

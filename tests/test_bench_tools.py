@@ -40,14 +40,20 @@ def _ncu_csv(tmp_path: Path, rows: list[tuple[str, str, int, int, int, int]]) ->
     return path
 
 
+#: the warp-specialised partitions' register markers (ncu rows without samples): the 168-register partition
+#: starts at 0x10, the 232-register one at 0x30
+_TRY_ALLOC_168 = ("0x10", "      USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa8", 0, 4, 0, 0)
+_DEALLOC_232 = ("0x30", "      USETMAXREG.DEALLOC.CTAPOOL 0xe8", 0, 4, 0, 0)
+
+
 def test_instructions_are_counted_per_warp_specialized_partition(tmp_path):
     path = _ncu_csv(
         tmp_path,
         [
             ("0x00", "      LDC R1, c[0x0][0x28]", 1, 10, 0, 0),
-            ("0x10", "      USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa8", 0, 4, 0, 0),
+            _TRY_ALLOC_168,
             ("0x20", "      HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", 5, 7, 0, 3),
-            ("0x30", "      USETMAXREG.DEALLOC.CTAPOOL 0xe8", 0, 4, 0, 0),
+            _DEALLOC_232,
             ("0x40", "  @!P0 LDL.64 R198, [R1+0x30]", 8, 100, 800, 6),
             ("0x50", "      STL [R1+0xcc], R14", 2, 40, 160, 0),
             ("0x60", "      LDG.E.128 R4, desc[UR6][R2.64]", 3, 9, 0, 3),
@@ -73,9 +79,9 @@ def test_the_report_lists_the_most_stalled_instructions_of_busy_partitions(tmp_p
     path = _ncu_csv(
         tmp_path,
         [
-            ("0x10", "      USETMAXREG.TRY_ALLOC.CTAPOOL UP0, 0xa8", 0, 4, 0, 0),
+            _TRY_ALLOC_168,
             ("0x20", "      HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", 1, 7, 0, 0),
-            ("0x30", "      USETMAXREG.DEALLOC.CTAPOOL 0xe8", 0, 4, 0, 0),
+            _DEALLOC_232,
             ("0x40", "      LDL.64 R198, [R1+0x30]", 30, 100, 800, 25),
             ("0x50", "      FMUL R4, R4, R5", 10, 40, 0, 0),
         ],

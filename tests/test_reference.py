@@ -8,6 +8,21 @@ from mlagen_compiler import reference as ref
 from mlagen_compiler.verify import paged_block_table
 
 
+def _weights(g, hidden, heads, dims, q_lora=None):
+    """ref.random_weights in float64 for dims = (kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim)."""
+    dc, dr, dn, dv = dims
+    return ref.random_weights(
+        hidden=hidden,
+        num_heads=heads,
+        kv_lora_rank=dc,
+        qk_rope_head_dim=dr,
+        qk_nope_head_dim=dn,
+        v_head_dim=dv,
+        q_lora_rank=q_lora,
+        generator=g,
+    )
+
+
 @given(
     seed=st.integers(0, 2**32 - 1),
     heads=st.sampled_from([1, 3, 16]),
@@ -18,16 +33,7 @@ from mlagen_compiler.verify import paged_block_table
 def test_decompressed_equals_absorbed(seed, heads, dims, q_lora, tokens):
     dc, dr, dn, dv = dims
     g = torch.Generator().manual_seed(seed)
-    w = ref.random_weights(
-        hidden=40,
-        num_heads=heads,
-        kv_lora_rank=dc,
-        qk_rope_head_dim=dr,
-        qk_nope_head_dim=dn,
-        v_head_dim=dv,
-        q_lora_rank=q_lora,
-        generator=g,
-    )
+    w = _weights(g, 40, heads, dims, q_lora=q_lora)
     hidden = torch.randn(tokens, 40, generator=g, dtype=torch.float64)
     positions = torch.arange(tokens) + int(torch.randint(0, 100, (1,), generator=g))
     parts = ref.project(w, hidden, positions)
@@ -43,16 +49,7 @@ def test_causality_and_rope_are_real():
     """A sanity check that the reference is not trivially symmetric: later tokens change earlier rows
     only if causality is broken, and rope makes scores depend on position."""
     g = torch.Generator().manual_seed(1)
-    w = ref.random_weights(
-        hidden=32,
-        num_heads=2,
-        kv_lora_rank=64,
-        qk_rope_head_dim=16,
-        qk_nope_head_dim=16,
-        v_head_dim=16,
-        q_lora_rank=None,
-        generator=g,
-    )
+    w = _weights(g, 32, 2, (64, 16, 16, 16))
     hidden = torch.randn(6, 32, generator=g, dtype=torch.float64)
     out, _ = ref.mla_absorbed(w, *ref.project(w, hidden, torch.arange(6)), 0.25)
     out4, _ = ref.mla_absorbed(w, *ref.project(w, hidden[:4], torch.arange(4)), 0.25)
@@ -66,16 +63,7 @@ def test_paged_decode_equals_absorbed_attention(seed, page_size, seqlen_q):
     """decode_paged over a shuffled page table == mla_absorbed's latent attention on the same rows."""
     g = torch.Generator().manual_seed(seed)
     heads, dc, dr, dn, dv = 4, 64, 16, 32, 32
-    w = ref.random_weights(
-        hidden=24,
-        num_heads=heads,
-        kv_lora_rank=dc,
-        qk_rope_head_dim=dr,
-        qk_nope_head_dim=dn,
-        v_head_dim=dv,
-        q_lora_rank=None,
-        generator=g,
-    )
+    w = _weights(g, 24, heads, (dc, dr, dn, dv))
     seqlen = int(torch.randint(seqlen_q, 40, (1,), generator=g))
     hidden = torch.randn(seqlen, 24, generator=g, dtype=torch.float64)
     q_nope, q_pe, c_kv, k_pe = ref.project(w, hidden, torch.arange(seqlen))

@@ -11,7 +11,6 @@ phase; the traces are not kept (too large to bring back).
 
 from __future__ import annotations
 
-import argparse
 import functools
 import random
 import sys
@@ -43,11 +42,8 @@ def timed(cls: type, name: str) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = rig.engine_run_parser(__doc__, "profile", prompts=32, new_tokens=64)
     parser.add_argument("--out-dir", type=Path, default=Path("."))
-    parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-rig/profile"))
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument(
         "--backends", default="FLASHMLA,CUSTOM,CUSTOM+FLASH_ATTN", help="BACKEND[+MLA prefill backend],..."
     )

@@ -7,6 +7,7 @@ so that the scripts parse and `--help` works anywhere.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import gc
 import json
@@ -133,6 +134,16 @@ def write_model(path: Path, geometry: Geometry, body: Body, seed: int) -> Path:
     if device == "cuda":
         torch.cuda.empty_cache()
     return path
+
+
+def engine_run_parser(doc: str, work: str, *, prompts: int, new_tokens: int) -> argparse.ArgumentParser:
+    """A parser (described by doc's first line) with the options the engine runs share: --work, their scratch
+    folder (/tmp/vllm-rig/WORK by default: models, caches), --prompts and --new-tokens (a prompt's)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-rig") / work)
+    parser.add_argument("--prompts", type=int, default=prompts)
+    parser.add_argument("--new-tokens", type=int, default=new_tokens)
+    return parser
 
 
 def random_prompts(lengths: list[int], vocab: int, seed: int) -> list[list[int]]:

@@ -30,7 +30,6 @@ Targets (issue 40): mlagen decode tokens/s >= FLASHMLA's where both run, and >= 
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -126,14 +125,11 @@ def judge(name: str, model: Path, rows: list[dict], checks: dict[str, list], pro
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = rig.engine_run_parser(__doc__, "throughput", prompts=128, new_tokens=256)
     parser.add_argument("--out", type=Path, default=Path("throughput.json"))
-    parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-rig/throughput"))
     parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--min-len", type=int, default=1024)
     parser.add_argument("--max-len", type=int, default=8192)
-    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--models", default="dsv3-h16,dsv3-h128,ms4-h32")
     parser.add_argument("--budget", type=float, default=470.0, help="seconds; engines not started by then are NOT RUN")
     args = parser.parse_args()

@@ -23,7 +23,6 @@ NVSHMEM_DISABLE_NVLS=1; the worker processes vLLM starts inherit them; this scri
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -180,11 +179,8 @@ def tp_throughput(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = rig.engine_run_parser(__doc__, "tp", prompts=128, new_tokens=256)
     parser.add_argument("--out", type=Path, default=Path("tp.json"))
-    parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-rig/tp"))
-    parser.add_argument("--prompts", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--skip-agreement", action="store_true", help="only part 3 (e.g. a second call)")
     args = parser.parse_args()
