@@ -16,7 +16,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from .cache_format import CACHE_FORMATS, SCALED_CACHE_DTYPES, CacheFormat
 
@@ -102,6 +111,15 @@ def _check_multiple_in_range(field: str, value: int, multiple: int, lo: int, hi:
     if value % multiple or not lo <= value <= hi:
         raise ValueError(f"{field}={value} is not allowed: must be a multiple of {multiple} in {lo}..{hi}")
     return value
+
+
+#: the head dimensions' allowed values: field: (multiple, lo, hi)
+_DIM_RANGES = {
+    "kv_lora_rank": (16, 64, 1024),
+    "qk_rope_head_dim": (16, 16, 128),
+    "qk_nope_head_dim": (16, 16, 256),
+    "v_head_dim": (16, 16, 256),
+}
 
 
 class _Frozen(BaseModel):
@@ -224,25 +242,10 @@ class MLASpec(_Frozen):
             raise ValueError(f"num_heads={value} is not allowed: must be in 1..256")
         return value
 
-    @field_validator("kv_lora_rank")
+    @field_validator(*_DIM_RANGES)
     @classmethod
-    def _dc(cls, value: int) -> int:
-        return _check_multiple_in_range("kv_lora_rank", value, 16, 64, 1024)
-
-    @field_validator("qk_rope_head_dim")
-    @classmethod
-    def _dr(cls, value: int) -> int:
-        return _check_multiple_in_range("qk_rope_head_dim", value, 16, 16, 128)
-
-    @field_validator("qk_nope_head_dim")
-    @classmethod
-    def _dn(cls, value: int) -> int:
-        return _check_multiple_in_range("qk_nope_head_dim", value, 16, 16, 256)
-
-    @field_validator("v_head_dim")
-    @classmethod
-    def _dv(cls, value: int) -> int:
-        return _check_multiple_in_range("v_head_dim", value, 16, 16, 256)
+    def _dims(cls, value: int, info: ValidationInfo) -> int:
+        return _check_multiple_in_range(info.field_name, value, *_DIM_RANGES[info.field_name])
 
     @field_validator("q_lora_rank")
     @classmethod
