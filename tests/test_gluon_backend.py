@@ -6,6 +6,7 @@ tests in test_decode.py run them for every backend.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from unittest.mock import patch
@@ -265,8 +266,9 @@ def test_gluon_kernel_with_the_shared_functions_compiles_for_sm90(flags):
 
     root = Path(__file__).resolve().parent.parent
     tool = root / "benchmarks" / "gluon_offline_compile.py"
-    env = {key: value for key, value in __import__("os").environ.items() if key != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(root)
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    # (this tree first, then what the caller's path holds: a GPU machine's wheels live there)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
     for module in ("deepseek_v3_tp8.py", "deepseek_v3_tp8_fp8.py"):
         done = subprocess.run(
             [sys.executable, str(tool), str(root / "generated" / module), *flags],
