@@ -24,6 +24,8 @@ import itertools
 import math
 import os
 import re
+import types
+import typing
 import weakref
 
 import torch
@@ -930,6 +932,179 @@ def mla_chunked_prefill_traced(
         validate,
     )
     return _op_outputs(result, out, lse, return_lse)
+
+
+def register_ops(m, kinds):
+    """The module's entry points as torch.library custom ops in its namespace (m.OPS_NAMESPACE), as
+    `m.ops`: cache_write, and decode, prefill and chunked_prefill where the module has those kinds (README,
+    "Custom ops"). Each op runs the module's plain function unchanged; its fake gives the outputs' shapes and
+    dtypes without launching anything. A namespace already holding the ops (the same file imported twice) keeps
+    them: register_op."""
+
+    def cache_write_op(
+        c_kv: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_scale: typing.Optional[torch.Tensor] = None,
+        validate: typing.Optional[bool] = None,
+    ) -> None:
+        m.mla_cache_write(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=kv_scale, validate=validate)
+
+    def cache_write_fake(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=None, validate=None):
+        return None
+
+    # The decode op plans nothing itself: a call without schedule= reuses mla_decode's schedule for its batch
+    # shape, device and stream (planning reads no device memory; the schedule owns the workspace). A captured
+    # CUDA graph keeps the schedule it was captured with, as with an explicit schedule=.
+    def decode_op(
+        q: torch.Tensor,
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        softmax_scale: typing.Optional[float] = None,
+        kv_scale: typing.Optional[torch.Tensor] = None,
+        causal: bool = True,
+        validate: typing.Optional[bool] = None,
+        empty_lse: typing.Optional[float] = None,
+        schedule: int = -1,
+    ) -> typing.Tuple[torch.Tensor, torch.Tensor]:
+        return m.mla_decode(
+            q,
+            kv_cache,
+            block_table,
+            cache_seqlens,
+            softmax_scale=softmax_scale,
+            kv_scale=kv_scale,
+            return_lse=True,
+            causal=causal,
+            validate=validate,
+            empty_lse=-math.inf if empty_lse is None else empty_lse,
+            schedule=schedule_of_handle(schedule),
+        )
+
+    def decode_fake(
+        q,
+        kv_cache,
+        block_table,
+        cache_seqlens,
+        softmax_scale=None,
+        kv_scale=None,
+        causal=True,
+        validate=None,
+        empty_lse=None,
+        schedule=-1,
+    ):
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        return (
+            q.new_empty((batch, seqlen_q, m.NUM_HEADS, m.KV_LORA_RANK), dtype=m.DTYPE),
+            q.new_empty((batch, m.NUM_HEADS, seqlen_q), dtype=torch.float32),
+        )
+
+    def prefill_op(
+        q: torch.Tensor,
+        k_nope: torch.Tensor,
+        k_pe: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        softmax_scale: typing.Optional[float] = None,
+        config: typing.Optional[typing.List[int]] = None,
+        validate: typing.Optional[bool] = None,
+    ) -> typing.Tuple[torch.Tensor, torch.Tensor]:
+        return m.mla_prefill(
+            q,
+            k_nope,
+            k_pe,
+            v,
+            cu_seqlens,
+            max_seqlen,
+            softmax_scale=softmax_scale,
+            return_lse=True,
+            config=config,
+            validate=validate,
+        )
+
+    def prefill_fake(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale=None, config=None, validate=None):
+        return mha_outputs_fake(q)
+
+    def chunked_prefill_op(
+        q: torch.Tensor,
+        k_nope: torch.Tensor,
+        k_pe: torch.Tensor,
+        v: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+        kv_cache: torch.Tensor,
+        block_table: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        w_uk: torch.Tensor,
+        w_uv: torch.Tensor,
+        num_prefix_tokens: int,
+        softmax_scale: typing.Optional[float] = None,
+        kv_scale: typing.Optional[torch.Tensor] = None,
+        config: typing.Optional[typing.List[int]] = None,
+        validate: typing.Optional[bool] = None,
+    ) -> typing.Tuple[torch.Tensor, torch.Tensor]:
+        return m.mla_chunked_prefill(
+            q,
+            k_nope,
+            k_pe,
+            v,
+            cu_seqlens,
+            max_seqlen,
+            kv_cache,
+            block_table,
+            prefix_lens,
+            w_uk,
+            w_uv,
+            softmax_scale=softmax_scale,
+            kv_scale=kv_scale,
+            return_lse=True,
+            config=config,
+            validate=validate,
+            num_prefix_tokens=num_prefix_tokens,
+        )
+
+    def chunked_prefill_fake(
+        q,
+        k_nope,
+        k_pe,
+        v,
+        cu_seqlens,
+        max_seqlen,
+        kv_cache,
+        block_table,
+        prefix_lens,
+        w_uk,
+        w_uv,
+        num_prefix_tokens,
+        softmax_scale=None,
+        kv_scale=None,
+        config=None,
+        validate=None,
+    ):
+        return mha_outputs_fake(q)
+
+    def mha_outputs_fake(q):
+        """out [T, H, Dv] in the spec dtype, lse [H, T] float32."""
+        num_tokens = q.shape[0]
+        return (
+            q.new_empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=m.DTYPE),
+            q.new_empty((m.NUM_HEADS, num_tokens), dtype=torch.float32),
+        )
+
+    register = functools.partial(register_op, m.OPS_NAMESPACE)
+    ops = types.SimpleNamespace(
+        namespace=m.OPS_NAMESPACE,
+        cache_write=register("cache_write", cache_write_op, cache_write_fake, mutates_args=("kv_cache",)),
+    )
+    if "decode" in kinds:
+        ops.decode = register("decode", decode_op, decode_fake)
+    if "prefill" in kinds:
+        ops.prefill = register("prefill", prefill_op, prefill_fake)
+        ops.chunked_prefill = register("chunked_prefill", chunked_prefill_op, chunked_prefill_fake)
+    return ops
 
 
 # ---- decode: backend, schedule, the checked first call and its launches ---------------------------------
