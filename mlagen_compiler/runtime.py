@@ -789,6 +789,15 @@ def bind(m, function):
     return bound
 
 
+#: the ops' annotations in typing's spelling, the one torch.library's schema inference knows in every torch
+#: release mlagen supports
+_OPTIONAL_FLOAT = typing.Optional[float]  # noqa: UP045
+_OPTIONAL_BOOL = typing.Optional[bool]  # noqa: UP045
+_OPTIONAL_TENSOR = typing.Optional[torch.Tensor]  # noqa: UP045
+_OPTIONAL_INTS = typing.Optional[typing.List[int]]  # noqa: UP006, UP045
+_TWO_TENSORS = typing.Tuple[torch.Tensor, torch.Tensor]  # noqa: UP006
+
+
 def register_op(namespace, name, impl, fake, mutates_args=()):
     """The torch.library custom op namespace::name running `impl` (fake implementation `fake`), registered once
     per process: a module imported again keeps the ops of its first import (torch.library.custom_op would
@@ -946,8 +955,8 @@ def register_ops(m, kinds):
         k_pe: torch.Tensor,
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
-        kv_scale: typing.Optional[torch.Tensor] = None,
-        validate: typing.Optional[bool] = None,
+        kv_scale: _OPTIONAL_TENSOR = None,
+        validate: _OPTIONAL_BOOL = None,
     ) -> None:
         m.mla_cache_write(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=kv_scale, validate=validate)
 
@@ -962,13 +971,13 @@ def register_ops(m, kinds):
         kv_cache: torch.Tensor,
         block_table: torch.Tensor,
         cache_seqlens: torch.Tensor,
-        softmax_scale: typing.Optional[float] = None,
-        kv_scale: typing.Optional[torch.Tensor] = None,
+        softmax_scale: _OPTIONAL_FLOAT = None,
+        kv_scale: _OPTIONAL_TENSOR = None,
         causal: bool = True,
-        validate: typing.Optional[bool] = None,
-        empty_lse: typing.Optional[float] = None,
+        validate: _OPTIONAL_BOOL = None,
+        empty_lse: _OPTIONAL_FLOAT = None,
         schedule: int = -1,
-    ) -> typing.Tuple[torch.Tensor, torch.Tensor]:
+    ) -> _TWO_TENSORS:
         return m.mla_decode(
             q,
             kv_cache,
@@ -1008,10 +1017,10 @@ def register_ops(m, kinds):
         v: torch.Tensor,
         cu_seqlens: torch.Tensor,
         max_seqlen: int,
-        softmax_scale: typing.Optional[float] = None,
-        config: typing.Optional[typing.List[int]] = None,
-        validate: typing.Optional[bool] = None,
-    ) -> typing.Tuple[torch.Tensor, torch.Tensor]:
+        softmax_scale: _OPTIONAL_FLOAT = None,
+        config: _OPTIONAL_INTS = None,
+        validate: _OPTIONAL_BOOL = None,
+    ) -> _TWO_TENSORS:
         return m.mla_prefill(
             q,
             k_nope,
@@ -1041,11 +1050,11 @@ def register_ops(m, kinds):
         w_uk: torch.Tensor,
         w_uv: torch.Tensor,
         num_prefix_tokens: int,
-        softmax_scale: typing.Optional[float] = None,
-        kv_scale: typing.Optional[torch.Tensor] = None,
-        config: typing.Optional[typing.List[int]] = None,
-        validate: typing.Optional[bool] = None,
-    ) -> typing.Tuple[torch.Tensor, torch.Tensor]:
+        softmax_scale: _OPTIONAL_FLOAT = None,
+        kv_scale: _OPTIONAL_TENSOR = None,
+        config: _OPTIONAL_INTS = None,
+        validate: _OPTIONAL_BOOL = None,
+    ) -> _TWO_TENSORS:
         return m.mla_chunked_prefill(
             q,
             k_nope,
@@ -1596,7 +1605,7 @@ def prepare_decode(m, inputs, workspace, scale, schedule, causal, empty_lse):
     combine kernel where the schedule merges split sequences in a second launch."""
     q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
     if schedule.backend == "gluon":
-        launches = [m._mla_decode_gluon_split(inputs, workspace, scale, schedule, causal, empty_lse)]
+        launches = [decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse)]
     else:
         launches = [decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse)]
     if schedule.merge == "kernel":
@@ -1727,6 +1736,303 @@ def decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse
         ),
         num_warps=num_warps,
         num_stages=num_stages,
+    )
+
+
+# ---- the Gluon decode's launch (gl, GluonTensorDescriptor and the shared layouts are the module's: it imports
+# and makes them where its Triton release has Gluon) ---------------------------------------------------------
+
+
+def gluon_descriptors(m, rows, block_rows):
+    """TMA descriptors of a [N, Dc + Dr] matrix: boxes of one latent half and of the rope columns."""
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    shape = [rows.shape[0], width]
+    return (
+        m.GluonTensorDescriptor(rows, shape, [width, 1], [block_rows, m.DECODE_GLUON_DC_HALF], m._GLUON_LAYOUT_C),
+        m.GluonTensorDescriptor(rows, shape, [width, 1], [block_rows, m.QK_ROPE_HEAD_DIM], m._GLUON_LAYOUT_R),
+    )
+
+
+def gluon_land_descriptors(m, q_rows, cache_rows, block_n, full_query=False):
+    """An fp8 cache's landing producer's: query boxes [BLOCK_M / 2, 64] (16-bit chunks of the tile's upper half;
+    full_query: the whole tile's, the landing zone being a buffer of its own) and fp8 cache boxes [block_n, 64]
+    (one per chunk of the lower half), rope boxes min(Dr, 64) wide (m._GLUON_LAND_RW)."""
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    q_shape, kv_shape = [q_rows.shape[0], width], [cache_rows.shape[0], width]
+    rows = m.DECODE_GLUON_BLOCK_M if full_query else m.DECODE_GLUON_LAND_ROWS
+    land_rw, land_layout = m._GLUON_LAND_RW, m._GLUON_LAYOUT_LAND
+    return (
+        m.GluonTensorDescriptor(q_rows, q_shape, [width, 1], [rows, 64], m._GLUON_LAYOUT_C),
+        m.GluonTensorDescriptor(q_rows, q_shape, [width, 1], [rows, land_rw], m._GLUON_LAYOUT_R),
+        m.GluonTensorDescriptor(cache_rows, kv_shape, [width, 1], [block_n, 64], land_layout),
+        m.GluonTensorDescriptor(cache_rows, kv_shape, [width, 1], [block_n, land_rw], land_layout),
+    )
+
+
+def gluon_cache_boxes(m, kv_cache, block_n):
+    """Whether every block_n-position block of the cache is one contiguous range of whole rows that TMA boxes (and
+    bulk prefetches) can address: pages holding whole blocks, the cache one [pages * page_size, Dc + Dr] matrix."""
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    return (
+        block_n <= m.PAGE_SIZE
+        and kv_cache.stride(1) == width
+        and kv_cache.stride(0) == m.PAGE_SIZE * width
+        and kv_cache.data_ptr() % 16 == 0
+    )
+
+
+def gluon_tma_box_rows(m, block_n):
+    """Rows of the 16-bit TMA producer's cache boxes for block_n-position blocks: the whole block, or for a long
+    block (more than DECODE_GLUON_BLOCK_N positions: gluon_long_blocks) the part of it that one page holds, at
+    least DECODE_GLUON_BLOCK_N rows (smaller pages take the gathering producer)."""
+    return block_n if block_n <= m.DECODE_GLUON_BLOCK_N else max(m.DECODE_GLUON_BLOCK_N, min(block_n, m.PAGE_SIZE))
+
+
+def gluon_producer_kind(m, kv_cache, query_rows, narrow, block_n=None, land_slots=1):
+    """Which producer fills the stages, its warps and registers (block_n None: DECODE_GLUON_BLOCK_N). TMA boxes
+    need every block (block_n cache positions: the schedule's; a long block: every gluon_tma_box_rows of it) inside
+    one page and the cache viewable as one [pages * page_size, Dc + Dr] matrix; else a 16-bit cache takes the
+    gathering producer (any page size). An fp8 cache lands by TMA in the query tile's lower half where the query
+    takes at most its upper half (query_rows = Sq * H; more converting warps with the narrow form, narrow > 0:
+    the schedule's), or in a ring of its own where the schedule has one (land_slots > 1, see gluon_land_ring: a
+    query that fills the tile then lands too), else it is loaded row by row (any page size): 4-byte words at a
+    time where the cache starts on 16 bytes and its rows on 4-byte words ("convert"), else byte by byte
+    ("convert_bytes": the loads' latency is then paid chunk by chunk)."""
+    block_n = m.DECODE_GLUON_BLOCK_N if block_n is None else block_n
+    if not m.CACHE_FORMAT.scaled:
+        if gluon_cache_boxes(m, kv_cache, gluon_tma_box_rows(m, block_n)):
+            return "tma", 1, m.DECODE_GLUON_PRODUCER_REGS
+        return "gather", m.DECODE_GLUON_GATHER_WARPS, m.DECODE_GLUON_GATHER_REGS
+    if (query_rows <= m.DECODE_GLUON_LAND_ROWS or land_slots > 1) and gluon_cache_boxes(m, kv_cache, block_n):
+        land_warps = m.DECODE_GLUON_NARROW_LAND_WARPS if narrow else m.DECODE_GLUON_LAND_WARPS
+        return "land", land_warps, m.DECODE_GLUON_LAND_REGS
+    # (16 bytes, not 4, for the start: a prepared launch is reused for caches of the same layout and 16-byte
+    # alignment, so a launch with word loads must never meet a cache that starts off a word)
+    words = kv_cache.data_ptr() % 16 == 0 and kv_cache.stride(0) % 4 == 0 and kv_cache.stride(1) % 4 == 0
+    return "convert" if words else "convert_bytes", m.DECODE_GLUON_GATHER_WARPS, m.DECODE_GLUON_CONVERT_REGS
+
+
+def gluon_launch_descriptors(m, q_rows, kv_cache, producer, block_n=None, full_query=False):
+    """The four TMA descriptors of a launch with `producer` and block_n-position cache blocks (None:
+    DECODE_GLUON_BLOCK_N; a producer without cache boxes gets the query's twice: unused; full_query: the landing
+    producer's query fills the tile)."""
+    block_n = m.DECODE_GLUON_BLOCK_N if block_n is None else block_n
+    cache_rows = kv_cache.view(-1, m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM) if producer in ("tma", "land") else None
+    if producer == "land":
+        return gluon_land_descriptors(m, q_rows, cache_rows, block_n, full_query)
+    q_desc_c, q_desc_r = gluon_descriptors(m, q_rows, m.DECODE_GLUON_BLOCK_M)
+    if producer == "tma":
+        return (q_desc_c, q_desc_r) + gluon_descriptors(m, cache_rows, gluon_tma_box_rows(m, block_n))
+    return q_desc_c, q_desc_r, q_desc_c, q_desc_r
+
+
+def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse):
+    """The Gluon split kernel's launch: same slots, outputs and fused merge as decode_triton_split. kv_scale
+    among the inputs: None, or the fp8 cache's float32 [1] scale tensor (a converting producer then fills the
+    stages)."""
+    q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
+    o_part, lse_part, counters = workspace
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    q_rows = q.reshape(-1, width)
+    if q_rows.data_ptr() % 16 or not q_rows.is_contiguous():
+        q_rows = q_rows.clone()  # (a copy per call: such a launch is not reusable)
+    block_n = schedule.config[0]
+    producer, producer_warps, producer_regs = gluon_producer_kind(
+        m, kv_cache, seqlen_q * m.NUM_HEADS, schedule.narrow, block_n, schedule.land_slots
+    )
+    # (more query rows than half the tile land only beside it, in the ring: gluon_producer_kind)
+    full_query = producer == "land" and seqlen_q * m.NUM_HEADS > m.DECODE_GLUON_LAND_ROWS
+    q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = gluon_launch_descriptors(
+        m, q_rows, kv_cache, producer, block_n, full_query
+    )
+    scaled = m.CACHE_FORMAT.scaled
+    land = producer == "land"
+    return _PreparedLaunch(
+        m._mla_decode_gluon_kernel,
+        (schedule.row_blocks, schedule.num_parts),
+        inputs,
+        workspace,
+        (
+            q_desc_c,
+            q_desc_r,
+            kv_desc_c,
+            kv_desc_r,
+            kv_cache,
+            block_table,
+            cache_seqlens,
+            out,
+            lse,
+            o_part,
+            lse_part,
+            counters,
+            kv_scale if scaled else counters,
+            scale * LOG2E,
+            batch,
+            schedule.num_parts,
+            max(1, schedule.min_blocks_per_part),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            block_table.stride(0),
+            *_decode_output_strides(out, lse, o_part),
+        ),
+        dict(
+            SQ=seqlen_q,
+            H=m.NUM_HEADS,
+            DC=m.KV_LORA_RANK,
+            DR=m.QK_ROPE_HEAD_DIM,
+            DC_HALF=m.DECODE_GLUON_DC_HALF,
+            PAGE_SIZE=m.PAGE_SIZE,
+            BLOCK_M=m.DECODE_GLUON_BLOCK_M,
+            BLOCK_N=block_n,
+            BLOCK_B=schedule.block_b,
+            STAGES=schedule.config[2],
+            P_LAYOUT=m._GLUON_LAYOUT_P[block_n],
+            PRODUCER=producer,
+            ZERO_TAIL=producer in ("tma", "land"),
+            LAND_PIECES=(m.DECODE_GLUON_LAND_FULL_QUERY_PIECES if full_query else m.DECODE_GLUON_LAND_PIECES)
+            if land
+            else 1,
+            FULL_QUERY=full_query,
+            LAND_SLOTS=schedule.land_slots if land else 1,
+            QUERY_SLICE=m.DECODE_GLUON_LAND_FULL_QUERY_SLICE if full_query else 0,
+            PREFETCH_BLOCKS=producer == "convert" and gluon_cache_boxes(m, kv_cache, block_n),
+            STAGE_DTYPE=m.gl.float16 if scaled else m._GLUON_DTYPE,
+            PRODUCER_WARPS=producer_warps,
+            PRODUCER_REGS=producer_regs,
+            GATHER_COLS=m.DECODE_GLUON_GATHER_COLS,
+            ISSUER_REGS=m.DECODE_GLUON_PRODUCER_REGS,
+            CONSUMER_REGS=schedule.config[1],
+            LN2=m._LN2.value,
+            FUSED_MERGE=schedule.merge == "fused",
+            MERGE_FANIN=m.DECODE_MERGE_FANIN,
+            MERGE_LEVELS=m.DECODE_MERGE_LEVELS,
+            MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C,
+            SCALED=scaled,
+            NARROW=schedule.narrow,
+            SEQUENCE_RUNS=schedule.sequence_runs,
+            PARTIAL_STORE=_PARTIAL_EVICTION[schedule.keep_partials][0],
+            CAUSAL=causal,
+            EMPTY_INF=empty_lse > 0,
+        ),
+        num_warps=4,
+    )
+
+
+# ---- the Gluon prefill's launch (GluonTensorDescriptor and the shared layouts, _gluon_prefill_layout, are the
+# module's: it imports and makes them where its Triton release has Gluon) ----------------------------------------
+
+
+def gluon_prefill_descriptors(m, q, k_nope, k_pe, v, block_n):
+    """TMA descriptors of q [T, H * (Dn + Dr)] (boxes of one warpgroup's rows: its nope and its rope columns),
+    k_nope [T, H * Dn], k_pe [T, Dr] and v [T, H * Dv] (boxes of one key block); the tensors' layouts are
+    gluon_prefill_tma_ok's."""
+    rows, layout, descriptor = m.PREFILL_GLUON_WARPGROUP_ROWS, m._gluon_prefill_layout, m.GluonTensorDescriptor
+    dn, dr, dv, heads = m.QK_NOPE_HEAD_DIM, m.QK_ROPE_HEAD_DIM, m.V_HEAD_DIM, m.NUM_HEADS
+    q_shape, q_strides = [q.shape[0], heads * (dn + dr)], [q.stride(0), 1]
+    return (
+        descriptor(q, q_shape, q_strides, [rows, dn], layout(rows, dn)),
+        descriptor(q, q_shape, q_strides, [rows, dr], layout(rows, dr)),
+        descriptor(k_nope, [k_nope.shape[0], heads * dn], [k_nope.stride(0), 1], [block_n, dn], layout(block_n, dn)),
+        descriptor(k_pe, [k_pe.shape[0], dr], [k_pe.stride(0), 1], [block_n, dr], layout(block_n, dr)),
+        descriptor(v, [v.shape[0], heads * dv], [v.stride(0), 1], [block_n, dv], layout(block_n, dv)),
+    )
+
+
+def gluon_prefill_tma_ok(tensor, head_dim):
+    """TMA reads a [T, (H,) D] tensor as one [T, H * D] matrix: heads dense, last dim dense, 16-byte aligned rows
+    and start."""
+    dense = tensor.stride(-1) == 1 and (tensor.dim() == 2 or tensor.stride(1) == head_dim)
+    return dense and tensor.stride(0) * tensor.element_size() % 16 == 0 and tensor.data_ptr() % 16 == 0
+
+
+def launch_prefill_gluon(
+    m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None, config=None
+):
+    """One launch of the module's _mla_prefill_gluon_kernel (arguments already checked; lse may be None). A tensor
+    TMA cannot address is copied into a dense one first; no key at all (an empty prefix batch) takes the portable
+    kernel, which only writes zeros and -inf then. sections: of the tile order (default: prefill_sections's; 1:
+    row blocks outermost). config: (block_n, stages) of PREFILL_GLUON_SPACE (default: the device's tuned one for
+    the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT)."""
+    if config is None:
+        config = m.tuned_config(
+            m.PREFILL_TUNED, m._gpu_key(q.device), m.prefill_gluon_bucket(causal), m.PREFILL_GLUON_DEFAULT
+        )
+    block_n, stages = _check_prefill_gluon_config(m, config)
+    if max_seqlen_q == 0:
+        return
+    if k_nope.shape[0] == 0:
+        launch_prefill(
+            m,
+            q,
+            k_nope,
+            k_pe,
+            v,
+            cu_q,
+            cu_k,
+            max_seqlen_q,
+            out,
+            lse,
+            scale,
+            causal,
+            m.PREFILL_INTERPRETER_CONFIG,
+            use_tma=False,
+        )
+        return
+    dn, dr, dv, heads = m.QK_NOPE_HEAD_DIM, m.QK_ROPE_HEAD_DIM, m.V_HEAD_DIM, m.NUM_HEADS
+    tensors = []
+    for tensor, head_dim in ((q, dn + dr), (k_nope, dn), (k_pe, dr), (v, dv)):
+        if not gluon_prefill_tma_ok(tensor, head_dim):  # (a dense, aligned copy; a copy each call)
+            tensor = torch.empty_like(tensor, memory_format=torch.contiguous_format).copy_(tensor)
+        tensors.append(tensor)
+    q, k_nope, k_pe, v = tensors
+    q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc = gluon_prefill_descriptors(
+        m, q.view(q.shape[0], -1), k_nope.view(k_nope.shape[0], -1), k_pe, v.view(v.shape[0], -1), block_n
+    )
+    batch = cu_q.shape[0] - 1
+    pairs, m_blocks = batch * heads, -(-max_seqlen_q // m.PREFILL_GLUON_BLOCK_M)
+    if sections is None:
+        sections = m.prefill_sections(
+            pairs, k_nope.shape[0] // batch, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device)
+        )
+    else:  # (a probe's choice: 0 or more sections than pairs would divide by zero inside the kernel)
+        _check(
+            isinstance(sections, int) and not isinstance(sections, bool) and 1 <= sections <= pairs,
+            "sections",
+            f"must be an int in 1..{pairs} ((sequence, head) pairs), got {sections!r}",
+        )
+    # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that)
+    _launch(
+        m._mla_prefill_gluon_kernel,
+        (pairs * m_blocks,),
+        q_desc_n,
+        q_desc_r,
+        kn_desc,
+        kr_desc,
+        v_desc,
+        out,
+        lse if lse is not None else out,
+        cu_q,
+        cu_k,
+        scale * LOG2E,
+        out.stride(0),
+        out.stride(1),
+        lse.stride(0) if lse is not None else 0,
+        pairs,
+        m_blocks,
+        sections,
+        H=heads,
+        DN=dn,
+        DR=dr,
+        DV=dv,
+        BLOCK_N=block_n,
+        STAGES=stages,
+        CAUSAL=causal,
+        STORE_LSE=lse is not None,
+        CONSUMER_REGS=m.PREFILL_GLUON_CONSUMER_REGS,
+        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS,
+        LN2=m._LN2.value,
+        num_warps=4,
     )
 
 
