@@ -1286,7 +1286,7 @@ class DecodeSchedule:
             (seqlen_q * m.NUM_HEADS * m.KV_LORA_RANK, m.NUM_HEADS * m.KV_LORA_RANK, m.KV_LORA_RANK, 1),
         )
         self._lse_layout = ((batch_size, m.NUM_HEADS, seqlen_q), (m.NUM_HEADS * seqlen_q, seqlen_q, 1))
-        #: call signature (_decode_signature) -> the call's launches, prepared by its first call
+        #: call signature (decode_signature) -> the call's launches, prepared by its first call
         self._launches = {}
         #: the int a traced graph keeps for this schedule (see mla_decode_traced)
         self._handle = next(_SCHEDULE_HANDLES)
@@ -1490,6 +1490,167 @@ def get_decode_schedule(
     )
 
 
+def latent_descriptors(m, rows, block_rows):
+    """TMA descriptors of the [c ; pe] column ranges of a [N, Dc + Dr] matrix (padded columns read as 0)."""
+    dc, dr = m.KV_LORA_RANK, m.QK_ROPE_HEAD_DIM
+    latent = TensorDescriptor(rows, [rows.shape[0], dc], [dc + dr, 1], [block_rows, m.DECODE_DC_PAD])
+    rope = TensorDescriptor(rows[:, dc:], [rows.shape[0], dr], [dc + dr, 1], [block_rows, m.DECODE_DR_PAD])
+    return latent, rope
+
+
+def default_schedule(m, batch, seqlen_q, device, plan=True):
+    """The schedule of a module's decode call made without one (m._DEFAULT_SCHEDULES, per batch, Sq, device,
+    stream and options in force); plan=False: None where none is planned yet."""
+    stream = _current_stream(device) if device.type == "cuda" else 0
+    key = (batch, seqlen_q, device, stream, _options())
+    schedules = m._DEFAULT_SCHEDULES
+    schedule = schedules.get(key)
+    if schedule is None and plan:
+        if len(schedules) >= 64:  # many shapes (e.g. a varying batch): keep the newest
+            schedules.pop(next(iter(schedules)))
+        schedule = schedules[key] = m.get_decode_schedule(batch, seqlen_q, device)
+    return schedule
+
+
+def decode_signature(
+    q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale, kv_scale_tensor, scale, causal, empty_lse, addresses
+):
+    """What a decode call's launches depend on besides where its tensors are: their layouts (shape, strides,
+    dtype, device, address modulo 16), the softmax scale, causality, empty_lse, and the form of kv_scale (a number:
+    its cached tensor; a tensor: its layout). out / lse not given count as such (the call allocates them contiguous
+    and aligned). addresses: decode_addresses of the call. One flat tuple, written out: this runs on every call."""
+    key = (
+        q.shape,
+        q.stride(),
+        q.dtype,
+        q.device,
+        addresses[0] & 15,
+        kv_cache.shape,
+        kv_cache.stride(),
+        kv_cache.dtype,
+        kv_cache.device,
+        addresses[1] & 15,
+        block_table.shape,
+        block_table.stride(),
+        block_table.dtype,
+        block_table.device,
+        addresses[2] & 15,
+        cache_seqlens.shape,
+        cache_seqlens.stride(),
+        cache_seqlens.dtype,
+        cache_seqlens.device,
+        addresses[3] & 15,
+        scale,
+        causal,
+        empty_lse,
+        _layout(kv_scale) if isinstance(kv_scale, torch.Tensor) else kv_scale_tensor is None,
+    )
+    if out is not None:
+        key += ("out", out.shape, out.stride(), out.dtype, out.device, addresses[4] & 15)
+    if lse is not None:
+        key += ("lse", lse.shape, lse.stride(), lse.dtype, lse.device, addresses[5] & 15)
+    return key
+
+
+def decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor):
+    """data_ptr() of a call's tensors, in the order of its launches' inputs (None where absent): read once,
+    for the signature and the raw launches."""
+    return [
+        q.data_ptr(),
+        kv_cache.data_ptr(),
+        block_table.data_ptr(),
+        cache_seqlens.data_ptr(),
+        None if out is None else out.data_ptr(),
+        None if lse is None else lse.data_ptr(),
+        None if kv_scale_tensor is None else kv_scale_tensor.data_ptr(),
+    ]
+
+
+def mla_decode_prepared(
+    m, q, kv_cache, block_table, cache_seqlens, softmax_scale, kv_scale, schedule, out, lse, validate, return_lse,
+    causal, empty_lse,
+):  # fmt: skip
+    """A module's mla_decode, the per-call path: (out, lse) of a call whose tensors have the layout of an earlier,
+    fully checked call with this schedule (bare calls: the default one): its launches with this call's tensors,
+    nothing checked again but index values where validating. None where there is no such call (or the arguments
+    are of a kind the checks would reject): mla_decode then checks everything and prepares the launches
+    (mla_decode_checked). lse not given and not returned: written to the schedule's scratch rows (the kernels
+    only store it)."""
+    try:
+        device = q.device
+        if schedule is None:
+            schedule = default_schedule(m, q.shape[0], q.shape[1], device, plan=False)
+            if schedule is None:
+                return None
+        elif type(schedule) is not m.DecodeSchedule:
+            return None
+        if kv_scale is None or isinstance(kv_scale, torch.Tensor):
+            kv_scale_tensor = kv_scale
+        elif type(kv_scale) is float and m.CACHE_FORMAT.scaled:  # (a number's tensor, made by the checked call)
+            kv_scale_tensor = m._KV_SCALE_TENSORS.get((device, kv_scale))
+            if kv_scale_tensor is None:
+                return None
+        else:
+            return None
+        if (
+            not (softmax_scale is None or type(softmax_scale) is float)
+            or type(causal) is not bool
+            or (type(empty_lse) is not float)
+        ):
+            return None
+        scale = m.SOFTMAX_SCALE if softmax_scale is None else softmax_scale
+        causal = causal or q.shape[1] == 1
+        addresses = decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
+        launches = schedule._launches.get(
+            decode_signature(
+                q,
+                kv_cache,
+                block_table,
+                cache_seqlens,
+                out,
+                lse,
+                kv_scale,
+                kv_scale_tensor,
+                scale,
+                causal,
+                empty_lse,
+                addresses,
+            )
+        )
+    except (AttributeError, IndexError, TypeError):  # not tensors of the expected rank: the checks say what
+        return None
+    if launches is None:
+        return None
+    if _validating(validate, device):
+        m._kv_scale(kv_scale, device, validate)
+        _validate_pages(block_table, cache_seqlens, "cache_seqlens", kv_cache.shape[0], m.PAGE_SIZE)
+        if out is not None or lse is not None:  # (the first call checked the layout, not these addresses)
+            _check_no_overlap(
+                (("out", out), ("lse", lse)),
+                (
+                    ("q", q),
+                    ("kv_cache", kv_cache),
+                    ("block_table", block_table),
+                    ("cache_seqlens", cache_seqlens),
+                    ("kv_scale", kv_scale_tensor),
+                ),
+            )
+    if out is None:  # (empty_strided with the layout worked out: less host time than empty, performance-log.md)
+        out = torch.empty_strided(*schedule._out_layout, dtype=m.DTYPE, device=device)
+        addresses[4] = out.data_ptr()
+    if lse is None:
+        lse = (
+            schedule._lse_rows(device)
+            if not return_lse
+            else torch.empty_strided(*schedule._lse_layout, dtype=torch.float32, device=device)
+        )
+        addresses[5] = lse.data_ptr()
+    if _options().poison_workspace:
+        schedule.workspace(device)
+    _launch_prepared(launches, (q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor), addresses)
+    return out, lse
+
+
 def mla_decode_checked(
     m,
     q,
@@ -1523,7 +1684,7 @@ def mla_decode_checked(
     if _validating(validate, device):
         _validate_pages(block_table, cache_seqlens, "cache_seqlens", kv_cache.shape[0], m.PAGE_SIZE)
     if schedule is None:
-        schedule = m._default_schedule(batch, seqlen_q, device)
+        schedule = default_schedule(m, batch, seqlen_q, device)
     if not (type(schedule) is m.DecodeSchedule and schedule.spec_hash == m.SPEC_HASH):
         raise ValueError(
             f"schedule: planned by another module (spec {getattr(schedule, 'spec_hash', '?')[:12]}), "
@@ -1543,8 +1704,8 @@ def mla_decode_checked(
         f"must be -math.inf or math.inf, got {empty_lse!r}",
     )
     empty_lse = float(empty_lse)
-    addresses = m._decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
-    signature = m._decode_signature(
+    addresses = decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
+    signature = decode_signature(
         q,
         kv_cache,
         block_table,
@@ -1673,9 +1834,9 @@ def decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse
     )
     q_desc_c = q_desc_r = kv_desc_c = kv_desc_r = None
     if use_tma:
-        kv_desc_c, kv_desc_r = m._latent_descriptors(kv_cache.view(-1, width), block_n)
+        kv_desc_c, kv_desc_r = latent_descriptors(m, kv_cache.view(-1, width), block_n)
     if q_tma:
-        q_desc_c, q_desc_r = m._latent_descriptors(q.view(-1, width), schedule.block_m)
+        q_desc_c, q_desc_r = latent_descriptors(m, q.view(-1, width), schedule.block_m)
     return _PreparedLaunch(
         m._mla_decode_split_kernel,
         (schedule.row_blocks, schedule.num_parts),
