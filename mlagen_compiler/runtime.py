@@ -1,16 +1,18 @@
 """Runtime of the generated modules: the host-side Python that is the same for every spec.
 
 A generated module (templates/module.py.jinja) holds its spec's kernels and what differs per spec (constants,
-launch tables, the checks and launch helpers that depend on its kernels' signatures); it imports from here
-the argument checks, the launch machinery (Triton's dispatch, the direct launch of a compiled kernel, prepared
+launch tables, tuned configurations, Gluon layouts); it imports from here the argument checks (those that read
+its constants too), the launch machinery (Triton's dispatch, the direct launch of a compiled kernel, prepared
 launches and the raw launch through Triton 3.6's compiled C launcher), validation of index values, device
 queries, and the wrappers of its entry points: decode planning (DecodeSchedule, get_decode_schedule), the
-first, fully checked decode call, prefill, chunked prefill, the attention-state merge and the cache write.
+first, fully checked decode call and the per-call path of later ones (mla_decode_prepared), the launches of
+both backends (the Gluon ones' descriptors and producer choice included), prefill, chunked prefill, the
+attention-state merge, the cache write, and its torch.library custom ops (register_ops).
 
 Those wrappers take the module as their first argument, `m`, a ModuleView of its globals (the module binds
 them: `bind`), and read its constants through it (m.NUM_HEADS, m.PAGE_SIZE, its kernels, ...): one body for
-every spec, and a value the module holds (or a test patches into it) is the one they see. What a decode call
-does once its launches are prepared stays in the module: it is the per-call hot path.
+every spec, and a value the module holds (or a test patches into it) is the one they see. The module's own
+mla_decode calls mla_decode_prepared directly, not through a bound wrapper: it is the per-call hot path.
 
 Only torch, triton and the standard library (and launch_policy, options). The switches (`MLAGEN_*`) are
 `options.options()`: the environment is read when this module is first imported (a wrong value fails the
@@ -223,6 +225,103 @@ def _check_per_sequence(tensor, name, batch, device, *, ndim):
     """An int32 block table ([B, max_pages]) or per-sequence lengths ([B]) for a batch of `batch`."""
     _check_tensor(tensor, name, ndim=ndim, dtype=torch.int32, device=device)
     _check(tensor.shape[0] == batch, name, f"batch size {tensor.shape[0]} disagrees with {batch}")
+
+
+_FLOAT32 = torch.finfo(torch.float32)
+
+
+# ---- the checks that read a module's constants (m: see ModuleView) ---------------------------------------
+
+
+def resolve_softmax_scale(m, value):
+    """The module's scale (SOFTMAX_SCALE) for None, or a number given at the call with |scale| <=
+    SOFTMAX_SCALE_MAX (inf / NaN, or a finite scale whose float32 multiples in the kernels overflow, would only
+    make NaN outputs)."""
+    if value is None:
+        return m.SOFTMAX_SCALE
+    _check(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        "softmax_scale",
+        f"must be a finite number, got {value!r}",
+    )
+    _check(
+        abs(value) <= m.SOFTMAX_SCALE_MAX,
+        "softmax_scale",
+        f"must be within [-2**64, 2**64] (the kernels' float32 scales stay finite), got {value!r}",
+    )
+    return float(value)
+
+
+def check_paged_cache(m, kv_cache, device):
+    """kv_cache [num_pages, PAGE_SIZE, 1, Dc+Dr] in the module's cache dtype (CACHE_DTYPE) on `device`."""
+    width, dtype, page_size = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM, m.CACHE_DTYPE, m.PAGE_SIZE
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype != dtype:
+        raise ValueError(f"kv_cache: expected dtype {dtype} (this module's cache_dtype), got {kv_cache.dtype}")
+    _check_tensor(kv_cache, "kv_cache", ndim=4, dtype=dtype, device=device, last_dim=width)
+    _check(
+        kv_cache.shape[1] == page_size and kv_cache.shape[2] == 1,
+        "kv_cache",
+        f"expected [num_pages, {page_size}, 1, {width}], got shape {tuple(kv_cache.shape)}",
+    )
+    _check(kv_cache.shape[0] >= 1, "kv_cache", f"expected at least one page, got shape {tuple(kv_cache.shape)}")
+
+
+def resolve_kv_scale(m, kv_scale, device, validate=None):
+    """The cache's scale as the module's kernels take it: None for a 16-bit cache (kv_scale must be None); for an
+    fp8 cache (CACHE_FORMAT.scaled) a float32 tensor of one element on `device` (latent = stored * kv_scale).
+
+    The kernels always take a pointer and load the scale on the device: one compiled kernel for every
+    value and both forms, and a tensor scale never goes back to the host, so such a call can be captured
+    in a CUDA graph. A number is turned into a tensor once per (device, value) (the module's
+    _KV_SCALE_TENSORS). A tensor's value is checked (finite, > 0) only when validating (it costs a
+    synchronisation); a number's always. Messages are formatted only on failure: this runs on every call.
+    """
+    if not m.CACHE_FORMAT.scaled:
+        if kv_scale is not None:
+            raise ValueError(
+                f"kv_scale: this module's cache is {m.CACHE_DTYPE}, not scaled: kv_scale is for "
+                f"float8_e4m3fn caches only, got {kv_scale!r}"
+            )
+        return None
+    if isinstance(kv_scale, torch.Tensor):
+        if not (kv_scale.dtype == torch.float32 and kv_scale.numel() == 1 and kv_scale.device == device):
+            raise ValueError(
+                f"kv_scale: expected a number or a float32 tensor of one element on {device}, got a "
+                f"{kv_scale.dtype} tensor of shape {tuple(kv_scale.shape)} on {kv_scale.device}"
+            )
+        if _validating(validate, device):
+            value = float(kv_scale)
+            _check(
+                _FLOAT32.tiny <= value <= _FLOAT32.max,
+                "kv_scale",
+                f"must be a finite float32 > 0 (a normal number), got {value!r}",
+            )
+        return kv_scale
+    tensors = m._KV_SCALE_TENSORS
+    tensor = tensors.get((device, kv_scale)) if type(kv_scale) is float else None
+    if tensor is not None:
+        return tensor
+    if kv_scale is None:
+        raise ValueError(
+            f"kv_scale: required: this module's cache is {m.CACHE_DTYPE}, stored as fp8(latent / "
+            "kv_scale); pass the layer's scale as a number or a float32 tensor of one element"
+        )
+    if not (
+        isinstance(kv_scale, (int, float))
+        and not isinstance(kv_scale, bool)
+        and _FLOAT32.tiny <= kv_scale <= _FLOAT32.max
+    ):
+        raise ValueError(
+            f"kv_scale: must be a finite number > 0 within float32's normal range, or a float32 "
+            f"tensor of one element, got {kv_scale!r}"
+        )
+    tensor = torch.full((1,), float(kv_scale), dtype=torch.float32, device=device)
+    # a tensor made while a CUDA graph is captured holds its value only once the graph replays: not kept
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        if len(tensors) >= m._KV_SCALE_TENSORS_MAX:
+            tensors.clear()
+        tensors[(device, float(kv_scale))] = tensor
+    return tensor
 
 
 # ---- launching -------------------------------------------------------------------------------------
@@ -818,8 +917,6 @@ def register_op(namespace, name, impl, fake, mutates_args=()):
 #: torch.compiler.is_compiling, bound once: every entry point asks it first (a tracer reads it as True)
 compiling = torch.compiler.is_compiling
 
-_FLOAT32 = torch.finfo(torch.float32)
-
 #: DecodeSchedule handles: a traced graph keeps a schedule's int handle (a schedule cannot be an op's
 #: argument), and the decode op finds the schedule by it; weak, so a schedule lives as long as its caller keeps it
 _SCHEDULE_HANDLES = itertools.count()
@@ -846,7 +943,7 @@ def _op_kv_scale(m, kv_scale, device):
     if isinstance(kv_scale, torch.Tensor):
         return kv_scale
     if not m.CACHE_FORMAT.scaled or kv_scale is None:
-        return m._kv_scale(kv_scale, device)
+        return resolve_kv_scale(m, kv_scale, device)
     if not (
         isinstance(kv_scale, (int, float))
         and not isinstance(kv_scale, bool)
@@ -1622,7 +1719,7 @@ def mla_decode_prepared(
     if launches is None:
         return None
     if _validating(validate, device):
-        m._kv_scale(kv_scale, device, validate)
+        resolve_kv_scale(m, kv_scale, device, validate)
         _validate_pages(block_table, cache_seqlens, "cache_seqlens", kv_cache.shape[0], m.PAGE_SIZE)
         if out is not None or lse is not None:  # (the first call checked the layout, not these addresses)
             _check_no_overlap(
@@ -1677,8 +1774,8 @@ def mla_decode_checked(
     _check(q.shape[2] == m.NUM_HEADS, "q", f"expected {m.NUM_HEADS} heads in dimension 2, got shape {tuple(q.shape)}")
     batch, seqlen_q = q.shape[0], q.shape[1]
     _check(batch >= 1 and seqlen_q >= 1, "q", f"batch and Sq must be >= 1, got shape {tuple(q.shape)}")
-    m._check_paged_cache(kv_cache, device)
-    kv_scale_tensor = m._kv_scale(kv_scale, device, validate)
+    check_paged_cache(m, kv_cache, device)
+    kv_scale_tensor = resolve_kv_scale(m, kv_scale, device, validate)
     _check_per_sequence(block_table, "block_table", batch, device, ndim=2)
     _check_per_sequence(cache_seqlens, "cache_seqlens", batch, device, ndim=1)
     if _validating(validate, device):
@@ -1695,7 +1792,7 @@ def mla_decode_checked(
         "schedule",
         f"planned for batch {schedule.batch_size}, Sq {schedule.seqlen_q}; called with {batch}, {seqlen_q}",
     )
-    scale = m._softmax_scale(softmax_scale)
+    scale = resolve_softmax_scale(m, softmax_scale)
     _check(type(causal) is bool, "causal", f"must be True or False, got {causal!r}")
     causal = causal or seqlen_q == 1  # one new token: both forms are the same launch
     _check(
@@ -2449,7 +2546,7 @@ def mla_prefill(
     )
     backend, _ = prefill_backend(m, device, knobs_given=config is not None)
     config = _checked_prefill_config(m, backend, config)
-    scale = m._softmax_scale(softmax_scale)
+    scale = resolve_softmax_scale(m, softmax_scale)
     _launch_prefill_on(
         m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config
     )
@@ -2606,8 +2703,8 @@ def mla_chunked_prefill(
     _check_max_seqlen(max_seqlen, num_tokens)
     backend, _ = prefill_backend(m, device, knobs_given=config is not None)
     config = _checked_prefill_config(m, backend, config)
-    m._check_paged_cache(kv_cache, device)
-    kv_scale = m._kv_scale(kv_scale, device, validate)
+    check_paged_cache(m, kv_cache, device)
+    kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
     _check_per_sequence(block_table, "block_table", batch, device, ndim=2)
     _check_per_sequence(prefix_lens, "prefix_lens", batch, device, ndim=1)
     for name, tensor, head_dim in (("w_uk", w_uk, m.QK_NOPE_HEAD_DIM), ("w_uv", w_uv, m.V_HEAD_DIM)):
@@ -2648,7 +2745,7 @@ def mla_chunked_prefill(
             ("w_uv", w_uv),
         ),
     )
-    scale = m._softmax_scale(softmax_scale)
+    scale = resolve_softmax_scale(m, softmax_scale)
 
     cu_prefix = torch.zeros(batch + 1, dtype=torch.int32, device=device)
     cu_prefix[1:] = torch.cumsum(prefix_lens, 0, dtype=torch.int32)
@@ -2723,8 +2820,8 @@ def mla_cache_write(m, c_kv, k_pe, kv_cache, slot_mapping, *, kv_scale=None, val
     num_tokens = c_kv.shape[0]
     _check_tensor(k_pe, "k_pe", ndim=2, dtype=m.DTYPE, device=device, last_dim=m.QK_ROPE_HEAD_DIM)
     _check(k_pe.shape[0] == num_tokens, "k_pe", f"expected {num_tokens} tokens, got shape {tuple(k_pe.shape)}")
-    m._check_paged_cache(kv_cache, device)
-    kv_scale = m._kv_scale(kv_scale, device, validate)
+    check_paged_cache(m, kv_cache, device)
+    kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
     _check(
         isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype in (torch.int32, torch.int64),
         "slot_mapping",

@@ -132,8 +132,7 @@ class _RecordingKernel:
         return lambda *args, **options: self.launches.append((grid, args, options))
 
 
-def test_prepared_launch_puts_in_tensors_and_remakes_descriptors(build_module):
-    module = build_module(**SPEC)
+def test_prepared_launch_puts_in_tensors_and_remakes_descriptors():
     kernel = _RecordingKernel()
 
     def call_tensors():
@@ -156,8 +155,7 @@ def test_prepared_launch_puts_in_tensors_and_remakes_descriptors(build_module):
     assert (remade.shape, remade.strides, remade.block_shape) == ([32, 16], [24, 1], [16, 16])
 
 
-def test_prepared_launch_is_not_reusable_with_a_per_call_copy(build_module):
-    module = build_module(**SPEC)
+def test_prepared_launch_is_not_reusable_with_a_per_call_copy():
     a, b = torch.randn(8, 16), torch.randn(32, 16)
     copied = runtime.TensorDescriptor(b.clone(), [32, 16], [16, 1], [16, 16])
     args = (a, copied, torch.zeros(4), 7)
