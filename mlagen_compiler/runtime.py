@@ -266,6 +266,21 @@ def check_paged_cache(m, kv_cache, device):
     _check(kv_cache.shape[0] >= 1, "kv_cache", f"expected at least one page, got shape {tuple(kv_cache.shape)}")
 
 
+def _kv_scale_number(kv_scale, device):
+    """An fp8 cache's kv_scale given as a number, checked (finite, > 0, within float32's normal range), as a float32
+    tensor of one element on `device`."""
+    if not (
+        isinstance(kv_scale, (int, float))
+        and not isinstance(kv_scale, bool)
+        and _FLOAT32.tiny <= kv_scale <= _FLOAT32.max
+    ):
+        raise ValueError(
+            f"kv_scale: must be a finite number > 0 within float32's normal range, or a float32 tensor of one "
+            f"element, got {kv_scale!r}"
+        )
+    return torch.full((1,), float(kv_scale), dtype=torch.float32, device=device)
+
+
 def resolve_kv_scale(m, kv_scale, device, validate=None):
     """The cache's scale as the module's kernels take it: None for a 16-bit cache (kv_scale must be None); for an
     fp8 cache (CACHE_FORMAT.scaled) a float32 tensor of one element on `device` (latent = stored * kv_scale).
@@ -306,16 +321,7 @@ def resolve_kv_scale(m, kv_scale, device, validate=None):
             f"kv_scale: required: this module's cache is {m.CACHE_DTYPE}, stored as fp8(latent / "
             "kv_scale); pass the layer's scale as a number or a float32 tensor of one element"
         )
-    if not (
-        isinstance(kv_scale, (int, float))
-        and not isinstance(kv_scale, bool)
-        and _FLOAT32.tiny <= kv_scale <= _FLOAT32.max
-    ):
-        raise ValueError(
-            f"kv_scale: must be a finite number > 0 within float32's normal range, or a float32 "
-            f"tensor of one element, got {kv_scale!r}"
-        )
-    tensor = torch.full((1,), float(kv_scale), dtype=torch.float32, device=device)
+    tensor = _kv_scale_number(kv_scale, device)
     # a tensor made while a CUDA graph is captured holds its value only once the graph replays: not kept
     if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
         if len(tensors) >= m._KV_SCALE_TENSORS_MAX:
@@ -944,16 +950,7 @@ def _op_kv_scale(m, kv_scale, device):
         return kv_scale
     if not m.CACHE_FORMAT.scaled or kv_scale is None:
         return resolve_kv_scale(m, kv_scale, device)
-    if not (
-        isinstance(kv_scale, (int, float))
-        and not isinstance(kv_scale, bool)
-        and _FLOAT32.tiny <= kv_scale <= _FLOAT32.max
-    ):
-        raise ValueError(
-            f"kv_scale: must be a finite number > 0 within float32's normal range, or a float32 tensor of one "
-            f"element, got {kv_scale!r}"
-        )
-    return torch.full((1,), float(kv_scale), dtype=torch.float32, device=device)
+    return _kv_scale_number(kv_scale, device)
 
 
 def _op_outputs(result, out, lse, return_lse):
@@ -1047,14 +1044,9 @@ def register_ops(m, kinds):
     dtypes without launching anything. A namespace already holding the ops (the same file imported twice) keeps
     them: register_op."""
 
-    def cache_write_op(
-        c_kv: torch.Tensor,
-        k_pe: torch.Tensor,
-        kv_cache: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        kv_scale: _OPTIONAL_TENSOR = None,
-        validate: _OPTIONAL_BOOL = None,
-    ) -> None:
+    # fmt: off
+    def cache_write_op(c_kv: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       kv_scale: _OPTIONAL_TENSOR = None, validate: _OPTIONAL_BOOL = None) -> None:
         m.mla_cache_write(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=kv_scale, validate=validate)
 
     def cache_write_fake(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=None, validate=None):
@@ -1063,142 +1055,50 @@ def register_ops(m, kinds):
     # The decode op plans nothing itself: a call without schedule= reuses mla_decode's schedule for its batch
     # shape, device and stream (planning reads no device memory; the schedule owns the workspace). A captured
     # CUDA graph keeps the schedule it was captured with, as with an explicit schedule=.
-    def decode_op(
-        q: torch.Tensor,
-        kv_cache: torch.Tensor,
-        block_table: torch.Tensor,
-        cache_seqlens: torch.Tensor,
-        softmax_scale: _OPTIONAL_FLOAT = None,
-        kv_scale: _OPTIONAL_TENSOR = None,
-        causal: bool = True,
-        validate: _OPTIONAL_BOOL = None,
-        empty_lse: _OPTIONAL_FLOAT = None,
-        schedule: int = -1,
-    ) -> _TWO_TENSORS:
-        return m.mla_decode(
-            q,
-            kv_cache,
-            block_table,
-            cache_seqlens,
-            softmax_scale=softmax_scale,
-            kv_scale=kv_scale,
-            return_lse=True,
-            causal=causal,
-            validate=validate,
-            empty_lse=-math.inf if empty_lse is None else empty_lse,
-            schedule=schedule_of_handle(schedule),
-        )
+    def decode_op(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+                  softmax_scale: _OPTIONAL_FLOAT = None, kv_scale: _OPTIONAL_TENSOR = None, causal: bool = True,
+                  validate: _OPTIONAL_BOOL = None, empty_lse: _OPTIONAL_FLOAT = None,
+                  schedule: int = -1) -> _TWO_TENSORS:
+        return m.mla_decode(q, kv_cache, block_table, cache_seqlens, softmax_scale=softmax_scale, kv_scale=kv_scale,
+                            return_lse=True, causal=causal, validate=validate,
+                            empty_lse=-math.inf if empty_lse is None else empty_lse,
+                            schedule=schedule_of_handle(schedule))
 
-    def decode_fake(
-        q,
-        kv_cache,
-        block_table,
-        cache_seqlens,
-        softmax_scale=None,
-        kv_scale=None,
-        causal=True,
-        validate=None,
-        empty_lse=None,
-        schedule=-1,
-    ):
+    def decode_fake(q, kv_cache, block_table, cache_seqlens, softmax_scale=None, kv_scale=None, causal=True,
+                    validate=None, empty_lse=None, schedule=-1):
         batch, seqlen_q = q.shape[0], q.shape[1]
-        return (
-            q.new_empty((batch, seqlen_q, m.NUM_HEADS, m.KV_LORA_RANK), dtype=m.DTYPE),
-            q.new_empty((batch, m.NUM_HEADS, seqlen_q), dtype=torch.float32),
-        )
+        return (q.new_empty((batch, seqlen_q, m.NUM_HEADS, m.KV_LORA_RANK), dtype=m.DTYPE),
+                q.new_empty((batch, m.NUM_HEADS, seqlen_q), dtype=torch.float32))
 
-    def prefill_op(
-        q: torch.Tensor,
-        k_nope: torch.Tensor,
-        k_pe: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens: torch.Tensor,
-        max_seqlen: int,
-        softmax_scale: _OPTIONAL_FLOAT = None,
-        config: _OPTIONAL_INTS = None,
-        validate: _OPTIONAL_BOOL = None,
-    ) -> _TWO_TENSORS:
-        return m.mla_prefill(
-            q,
-            k_nope,
-            k_pe,
-            v,
-            cu_seqlens,
-            max_seqlen,
-            softmax_scale=softmax_scale,
-            return_lse=True,
-            config=config,
-            validate=validate,
-        )
+    def prefill_op(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens: torch.Tensor, max_seqlen: int, softmax_scale: _OPTIONAL_FLOAT = None,
+                   config: _OPTIONAL_INTS = None, validate: _OPTIONAL_BOOL = None) -> _TWO_TENSORS:
+        return m.mla_prefill(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale=softmax_scale,
+                             return_lse=True, config=config, validate=validate)
 
     def prefill_fake(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale=None, config=None, validate=None):
         return mha_outputs_fake(q)
 
-    def chunked_prefill_op(
-        q: torch.Tensor,
-        k_nope: torch.Tensor,
-        k_pe: torch.Tensor,
-        v: torch.Tensor,
-        cu_seqlens: torch.Tensor,
-        max_seqlen: int,
-        kv_cache: torch.Tensor,
-        block_table: torch.Tensor,
-        prefix_lens: torch.Tensor,
-        w_uk: torch.Tensor,
-        w_uv: torch.Tensor,
-        num_prefix_tokens: int,
-        softmax_scale: _OPTIONAL_FLOAT = None,
-        kv_scale: _OPTIONAL_TENSOR = None,
-        config: _OPTIONAL_INTS = None,
-        validate: _OPTIONAL_BOOL = None,
-    ) -> _TWO_TENSORS:
-        return m.mla_chunked_prefill(
-            q,
-            k_nope,
-            k_pe,
-            v,
-            cu_seqlens,
-            max_seqlen,
-            kv_cache,
-            block_table,
-            prefix_lens,
-            w_uk,
-            w_uv,
-            softmax_scale=softmax_scale,
-            kv_scale=kv_scale,
-            return_lse=True,
-            config=config,
-            validate=validate,
-            num_prefix_tokens=num_prefix_tokens,
-        )
+    def chunked_prefill_op(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                           cu_seqlens: torch.Tensor, max_seqlen: int, kv_cache: torch.Tensor,
+                           block_table: torch.Tensor, prefix_lens: torch.Tensor, w_uk: torch.Tensor,
+                           w_uv: torch.Tensor, num_prefix_tokens: int, softmax_scale: _OPTIONAL_FLOAT = None,
+                           kv_scale: _OPTIONAL_TENSOR = None, config: _OPTIONAL_INTS = None,
+                           validate: _OPTIONAL_BOOL = None) -> _TWO_TENSORS:
+        return m.mla_chunked_prefill(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens,
+                                     w_uk, w_uv, softmax_scale=softmax_scale, kv_scale=kv_scale, return_lse=True,
+                                     config=config, validate=validate, num_prefix_tokens=num_prefix_tokens)
 
-    def chunked_prefill_fake(
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        kv_cache,
-        block_table,
-        prefix_lens,
-        w_uk,
-        w_uv,
-        num_prefix_tokens,
-        softmax_scale=None,
-        kv_scale=None,
-        config=None,
-        validate=None,
-    ):
+    def chunked_prefill_fake(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk,
+                             w_uv, num_prefix_tokens, softmax_scale=None, kv_scale=None, config=None, validate=None):
         return mha_outputs_fake(q)
 
     def mha_outputs_fake(q):
         """out [T, H, Dv] in the spec dtype, lse [H, T] float32."""
         num_tokens = q.shape[0]
-        return (
-            q.new_empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=m.DTYPE),
-            q.new_empty((m.NUM_HEADS, num_tokens), dtype=torch.float32),
-        )
+        return (q.new_empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=m.DTYPE),
+                q.new_empty((m.NUM_HEADS, num_tokens), dtype=torch.float32))
+    # fmt: on
 
     register = functools.partial(register_op, m.OPS_NAMESPACE)
     ops = types.SimpleNamespace(
@@ -1663,6 +1563,12 @@ def decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale
     ]
 
 
+def _check_decode_apart(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor):
+    """A decode call's out and lse share no memory with its inputs (or each other)."""
+    inputs = (("q", q), ("kv_cache", kv_cache), ("block_table", block_table), ("cache_seqlens", cache_seqlens))
+    _check_no_overlap((("out", out), ("lse", lse)), (*inputs, ("kv_scale", kv_scale_tensor)))
+
+
 def mla_decode_prepared(
     m, q, kv_cache, block_table, cache_seqlens, softmax_scale, kv_scale, schedule, out, lse, validate, return_lse,
     causal, empty_lse,
@@ -1698,22 +1604,9 @@ def mla_decode_prepared(
         scale = m.SOFTMAX_SCALE if softmax_scale is None else softmax_scale
         causal = causal or q.shape[1] == 1
         addresses = decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
-        launches = schedule._launches.get(
-            decode_signature(
-                q,
-                kv_cache,
-                block_table,
-                cache_seqlens,
-                out,
-                lse,
-                kv_scale,
-                kv_scale_tensor,
-                scale,
-                causal,
-                empty_lse,
-                addresses,
-            )
-        )
+        signature = decode_signature(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale, kv_scale_tensor,
+                                     scale, causal, empty_lse, addresses)  # fmt: skip
+        launches = schedule._launches.get(signature)
     except (AttributeError, IndexError, TypeError):  # not tensors of the expected rank: the checks say what
         return None
     if launches is None:
@@ -1722,16 +1615,7 @@ def mla_decode_prepared(
         resolve_kv_scale(m, kv_scale, device, validate)
         _validate_pages(block_table, cache_seqlens, "cache_seqlens", kv_cache.shape[0], m.PAGE_SIZE)
         if out is not None or lse is not None:  # (the first call checked the layout, not these addresses)
-            _check_no_overlap(
-                (("out", out), ("lse", lse)),
-                (
-                    ("q", q),
-                    ("kv_cache", kv_cache),
-                    ("block_table", block_table),
-                    ("cache_seqlens", cache_seqlens),
-                    ("kv_scale", kv_scale_tensor),
-                ),
-            )
+            _check_decode_apart(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
     if out is None:  # (empty_strided with the layout worked out: less host time than empty, performance-log.md)
         out = torch.empty_strided(*schedule._out_layout, dtype=m.DTYPE, device=device)
         addresses[4] = out.data_ptr()
@@ -1802,20 +1686,8 @@ def mla_decode_checked(
     )
     empty_lse = float(empty_lse)
     addresses = decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
-    signature = decode_signature(
-        q,
-        kv_cache,
-        block_table,
-        cache_seqlens,
-        out,
-        lse,
-        kv_scale,
-        kv_scale_tensor,
-        scale,
-        causal,
-        empty_lse,
-        addresses,
-    )
+    signature = decode_signature(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale, kv_scale_tensor,
+                                 scale, causal, empty_lse, addresses)  # fmt: skip
 
     out_shape = (batch, seqlen_q, m.NUM_HEADS, m.KV_LORA_RANK)
     if out is None:
@@ -1836,16 +1708,7 @@ def mla_decode_checked(
         "lse",
         f"expected float32 [{batch}, {m.NUM_HEADS}, {seqlen_q}] on {device}",
     )
-    _check_no_overlap(
-        (("out", out), ("lse", lse)),
-        (
-            ("q", q),
-            ("kv_cache", kv_cache),
-            ("block_table", block_table),
-            ("cache_seqlens", cache_seqlens),
-            ("kv_scale", kv_scale_tensor),
-        ),
-    )
+    _check_decode_apart(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
     inputs = (q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
     workspace = schedule.workspace(device)
     launches = prepare_decode(m, inputs, workspace, scale, schedule, causal, empty_lse)
@@ -2106,75 +1969,31 @@ def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse)
     )
     scaled = m.CACHE_FORMAT.scaled
     land = producer == "land"
+    # fmt: off
     return _PreparedLaunch(
-        m._mla_decode_gluon_kernel,
-        (schedule.row_blocks, schedule.num_parts),
-        inputs,
-        workspace,
-        (
-            q_desc_c,
-            q_desc_r,
-            kv_desc_c,
-            kv_desc_r,
-            kv_cache,
-            block_table,
-            cache_seqlens,
-            out,
-            lse,
-            o_part,
-            lse_part,
-            counters,
-            kv_scale if scaled else counters,
-            scale * LOG2E,
-            batch,
-            schedule.num_parts,
-            max(1, schedule.min_blocks_per_part),
-            kv_cache.stride(0),
-            kv_cache.stride(1),
-            block_table.stride(0),
-            *_decode_output_strides(out, lse, o_part),
-        ),
-        dict(
-            SQ=seqlen_q,
-            H=m.NUM_HEADS,
-            DC=m.KV_LORA_RANK,
-            DR=m.QK_ROPE_HEAD_DIM,
-            DC_HALF=m.DECODE_GLUON_DC_HALF,
-            PAGE_SIZE=m.PAGE_SIZE,
-            BLOCK_M=m.DECODE_GLUON_BLOCK_M,
-            BLOCK_N=block_n,
-            BLOCK_B=schedule.block_b,
-            STAGES=schedule.config[2],
-            P_LAYOUT=m._GLUON_LAYOUT_P[block_n],
-            PRODUCER=producer,
-            ZERO_TAIL=producer in ("tma", "land"),
-            LAND_PIECES=(m.DECODE_GLUON_LAND_FULL_QUERY_PIECES if full_query else m.DECODE_GLUON_LAND_PIECES)
-            if land
-            else 1,
-            FULL_QUERY=full_query,
-            LAND_SLOTS=schedule.land_slots if land else 1,
-            QUERY_SLICE=m.DECODE_GLUON_LAND_FULL_QUERY_SLICE if full_query else 0,
-            PREFETCH_BLOCKS=producer == "convert" and gluon_cache_boxes(m, kv_cache, block_n),
-            STAGE_DTYPE=m.gl.float16 if scaled else m._GLUON_DTYPE,
-            PRODUCER_WARPS=producer_warps,
-            PRODUCER_REGS=producer_regs,
-            GATHER_COLS=m.DECODE_GLUON_GATHER_COLS,
-            ISSUER_REGS=m.DECODE_GLUON_PRODUCER_REGS,
-            CONSUMER_REGS=schedule.config[1],
-            LN2=m._LN2.value,
-            FUSED_MERGE=schedule.merge == "fused",
-            MERGE_FANIN=m.DECODE_MERGE_FANIN,
-            MERGE_LEVELS=m.DECODE_MERGE_LEVELS,
-            MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C,
-            SCALED=scaled,
-            NARROW=schedule.narrow,
-            SEQUENCE_RUNS=schedule.sequence_runs,
-            PARTIAL_STORE=_PARTIAL_EVICTION[schedule.keep_partials][0],
-            CAUSAL=causal,
-            EMPTY_INF=empty_lse > 0,
-        ),
+        m._mla_decode_gluon_kernel, (schedule.row_blocks, schedule.num_parts), inputs, workspace,
+        (q_desc_c, q_desc_r, kv_desc_c, kv_desc_r, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part,
+         counters, kv_scale if scaled else counters, scale * LOG2E, batch, schedule.num_parts,
+         max(1, schedule.min_blocks_per_part), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+         *_decode_output_strides(out, lse, o_part)),
+        dict(SQ=seqlen_q, H=m.NUM_HEADS, DC=m.KV_LORA_RANK, DR=m.QK_ROPE_HEAD_DIM, DC_HALF=m.DECODE_GLUON_DC_HALF,
+             PAGE_SIZE=m.PAGE_SIZE, BLOCK_M=m.DECODE_GLUON_BLOCK_M, BLOCK_N=block_n, BLOCK_B=schedule.block_b,
+             STAGES=schedule.config[2], P_LAYOUT=m._GLUON_LAYOUT_P[block_n], PRODUCER=producer,
+             ZERO_TAIL=producer in ("tma", "land"),
+             LAND_PIECES=(m.DECODE_GLUON_LAND_FULL_QUERY_PIECES if full_query else m.DECODE_GLUON_LAND_PIECES)
+             if land else 1, FULL_QUERY=full_query, LAND_SLOTS=schedule.land_slots if land else 1,
+             QUERY_SLICE=m.DECODE_GLUON_LAND_FULL_QUERY_SLICE if full_query else 0,
+             PREFETCH_BLOCKS=producer == "convert" and gluon_cache_boxes(m, kv_cache, block_n),
+             STAGE_DTYPE=m.gl.float16 if scaled else m._GLUON_DTYPE, PRODUCER_WARPS=producer_warps,
+             PRODUCER_REGS=producer_regs, GATHER_COLS=m.DECODE_GLUON_GATHER_COLS,
+             ISSUER_REGS=m.DECODE_GLUON_PRODUCER_REGS, CONSUMER_REGS=schedule.config[1], LN2=m._LN2.value,
+             FUSED_MERGE=schedule.merge == "fused", MERGE_FANIN=m.DECODE_MERGE_FANIN,
+             MERGE_LEVELS=m.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C, SCALED=scaled,
+             NARROW=schedule.narrow, SEQUENCE_RUNS=schedule.sequence_runs,
+             PARTIAL_STORE=_PARTIAL_EVICTION[schedule.keep_partials][0], CAUSAL=causal, EMPTY_INF=empty_lse > 0),
         num_warps=4,
     )
+    # fmt: on
 
 
 # ---- the Gluon prefill's launch (GluonTensorDescriptor and the shared layouts, _gluon_prefill_layout, are the
@@ -2260,38 +2079,16 @@ def launch_prefill_gluon(
             f"must be an int in 1..{pairs} ((sequence, head) pairs), got {sections!r}",
         )
     # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that)
+    # fmt: off
     _launch(
-        m._mla_prefill_gluon_kernel,
-        (pairs * m_blocks,),
-        q_desc_n,
-        q_desc_r,
-        kn_desc,
-        kr_desc,
-        v_desc,
-        out,
-        lse if lse is not None else out,
-        cu_q,
-        cu_k,
-        scale * LOG2E,
-        out.stride(0),
-        out.stride(1),
-        lse.stride(0) if lse is not None else 0,
-        pairs,
-        m_blocks,
-        sections,
-        H=heads,
-        DN=dn,
-        DR=dr,
-        DV=dv,
-        BLOCK_N=block_n,
-        STAGES=stages,
-        CAUSAL=causal,
-        STORE_LSE=lse is not None,
-        CONSUMER_REGS=m.PREFILL_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS,
-        LN2=m._LN2.value,
-        num_warps=4,
-    )
+        m._mla_prefill_gluon_kernel, (pairs * m_blocks,),
+        q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc, out, lse if lse is not None else out, cu_q, cu_k,
+        scale * LOG2E, out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
+        pairs, m_blocks, sections,
+        H=heads, DN=dn, DR=dr, DV=dv, BLOCK_N=block_n, STAGES=stages,
+        CAUSAL=causal, STORE_LSE=lse is not None, CONSUMER_REGS=m.PREFILL_GLUON_CONSUMER_REGS,
+        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, num_warps=4)
+    # fmt: on
 
 
 # ---- prefill, chunked prefill, the attention-state merge ------------------------------------------------
