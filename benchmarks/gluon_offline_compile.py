@@ -109,7 +109,9 @@ def compile_offline(
     if "KEEP_PARTIALS" in module._mla_decode_gluon_kernel.arg_names:  # (9ea7027-8b7840e: L2 hints, a flag)
         narrow_form["KEEP_PARTIALS"] = True
     if "PARTIAL_STORE" in module._mla_decode_gluon_kernel.arg_names:  # (later: L2 hints, the store's policy)
-        narrow_form["PARTIAL_STORE"] = module._PARTIAL_EVICTION[True][0]
+        from mlagen_compiler.runtime import _PARTIAL_EVICTION  # (older modules imported it too)
+
+        narrow_form["PARTIAL_STORE"] = _PARTIAL_EVICTION[True][0]
     if "CAUSAL" in module._mla_decode_gluon_kernel.arg_names:  # (modules with mla_decode(causal=, empty_lse=))
         narrow_form.update(CAUSAL=causal, EMPTY_INF=empty_inf)
     land_warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_form.get("NARROW") else module.DECODE_GLUON_LAND_WARPS

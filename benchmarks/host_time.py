@@ -85,13 +85,14 @@ def parts(module, q, kv, table, lens, schedule, out, lse, calls: int) -> None:
         return statistics.median(harness.host_us_per_call(call, calls) for _ in range(9))
 
     scale = module.SOFTMAX_SCALE
-    signature = getattr(module, "_decode_signature", None)
-    addresses = getattr(module, "_decode_addresses", None)
+    # (the runtime's since the per-call path moved there; older modules: their own)
+    signature = getattr(module, "_decode_signature", getattr(runtime, "decode_signature", None))
+    addresses = getattr(module, "_decode_addresses", getattr(runtime, "decode_addresses", None))
     if signature is not None and addresses is not None:
         pointers = addresses(q, kv, table, lens, out, lse, None)
         args = (q, kv, table, lens, out, lse, None, None, scale, pointers)
         print(
-            f"    _decode_addresses + _decode_signature (out, lse given): "
+            f"    decode_addresses + decode_signature (out, lse given): "
             f"{median(lambda: signature(*args[:-1], addresses(*args[:6], None))):6.2f} us"
         )
     shape, dtype, device = tuple(out.shape), out.dtype, out.device
@@ -106,9 +107,9 @@ def parts(module, q, kv, table, lens, schedule, out, lse, calls: int) -> None:
     if not launches:
         return
     inputs = (q, kv, table, lens, out, lse, None)
-    if hasattr(module, "_launch_prepared") and addresses is not None:
+    if hasattr(runtime, "_launch_prepared") and addresses is not None:
         pointers = addresses(*inputs)
-        prepared = median(lambda: module._launch_prepared(launches, inputs, pointers))
+        prepared = median(lambda: runtime._launch_prepared(launches, inputs, pointers))
         print(f"    _launch_prepared (all launches): {prepared:6.2f} us")
     for k, launch in enumerate(launches):
         name = getattr(launch.kernel, "__name__", None) or getattr(getattr(launch.kernel, "fn", None), "__name__", "?")

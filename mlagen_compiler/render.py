@@ -67,6 +67,25 @@ def _literal(value: Any) -> str:
     return pprint.pformat(value, width=100, sort_dicts=True)
 
 
+def _table_literal(value: Any) -> str:
+    """A launch table as _literal writes it, but filled: a list's items, and a dict's entries where each fits on a
+    line, run on up to 88 columns (with the longest table name in front, within 120) instead of one a line (a tile
+    space would take 40 lines)."""
+    text = pprint.pformat(value, width=88, compact=True, sort_dicts=True)
+    if not isinstance(value, dict) or "\n" not in text:
+        return text
+    entries = [f"{key!r}: {pprint.pformat(value[key], width=88, compact=True)}," for key in sorted(value)]
+    if any("\n" in entry for entry in entries):
+        return text
+    lines = ["{" + entries[0]]
+    for entry in entries[1:]:
+        if len(lines[-1]) + 1 + len(entry) > 88:
+            lines.append(" " + entry)
+        else:
+            lines[-1] += " " + entry
+    return "\n".join(lines)[:-1] + "}"
+
+
 def tuning_source(tuned: dict[str, Any] | None) -> str:
     """One line for the generated header: how many tuned configurations it carries and which GPUs measured them."""
     tables = {kernel: table for kernel, table in (tuned or {}).items() if table}
@@ -130,7 +149,7 @@ def render_context(plan: KernelPlan, tuned: dict[str, Any] | None = None) -> dic
         kind_plan = plan.kernels[kind.name]
         context[kind.name] = kind_plan
         tables = kind_plan.template_tables((tuned or {}).get(kind.name, {}))
-        context.update({name: _literal(value) for name, value in tables.items()})
+        context.update({name: _table_literal(value) for name, value in tables.items()})
     context["op_kinds"] = [kind.name for kind in context["kinds"]]
     context["ops_namespace"] = ops_namespace(spec.name, context)
     return context

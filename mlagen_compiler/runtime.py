@@ -1,16 +1,18 @@
 """Runtime of the generated modules: the host-side Python that is the same for every spec.
 
 A generated module (templates/module.py.jinja) holds its spec's kernels and what differs per spec (constants,
-launch tables, the checks and launch helpers that depend on its kernels' signatures); it imports from here
-the argument checks, the launch machinery (Triton's dispatch, the direct launch of a compiled kernel, prepared
+launch tables, tuned configurations, Gluon layouts); it imports from here the argument checks (those that read
+its constants too), the launch machinery (Triton's dispatch, the direct launch of a compiled kernel, prepared
 launches and the raw launch through Triton 3.6's compiled C launcher), validation of index values, device
 queries, and the wrappers of its entry points: decode planning (DecodeSchedule, get_decode_schedule), the
-first, fully checked decode call, prefill, chunked prefill, the attention-state merge and the cache write.
+first, fully checked decode call and the per-call path of later ones (mla_decode_prepared), the launches of
+both backends (the Gluon ones' descriptors and producer choice included), prefill, chunked prefill, the
+attention-state merge, the cache write, and its torch.library custom ops (register_ops).
 
 Those wrappers take the module as their first argument, `m`, a ModuleView of its globals (the module binds
 them: `bind`), and read its constants through it (m.NUM_HEADS, m.PAGE_SIZE, its kernels, ...): one body for
-every spec, and a value the module holds (or a test patches into it) is the one they see. What a decode call
-does once its launches are prepared stays in the module: it is the per-call hot path.
+every spec, and a value the module holds (or a test patches into it) is the one they see. The module's own
+mla_decode calls mla_decode_prepared directly, not through a bound wrapper: it is the per-call hot path.
 
 Only torch, triton and the standard library (and launch_policy, options). The switches (`MLAGEN_*`) are
 `options.options()`: the environment is read when this module is first imported (a wrong value fails the
@@ -24,6 +26,8 @@ import itertools
 import math
 import os
 import re
+import types
+import typing
 import weakref
 
 import torch
@@ -221,6 +225,109 @@ def _check_per_sequence(tensor, name, batch, device, *, ndim):
     """An int32 block table ([B, max_pages]) or per-sequence lengths ([B]) for a batch of `batch`."""
     _check_tensor(tensor, name, ndim=ndim, dtype=torch.int32, device=device)
     _check(tensor.shape[0] == batch, name, f"batch size {tensor.shape[0]} disagrees with {batch}")
+
+
+_FLOAT32 = torch.finfo(torch.float32)
+
+
+# ---- the checks that read a module's constants (m: see ModuleView) ---------------------------------------
+
+
+def resolve_softmax_scale(m, value):
+    """The module's scale (SOFTMAX_SCALE) for None, or a number given at the call with |scale| <=
+    SOFTMAX_SCALE_MAX (inf / NaN, or a finite scale whose float32 multiples in the kernels overflow, would only
+    make NaN outputs)."""
+    if value is None:
+        return m.SOFTMAX_SCALE
+    _check(
+        isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+        "softmax_scale",
+        f"must be a finite number, got {value!r}",
+    )
+    _check(
+        abs(value) <= m.SOFTMAX_SCALE_MAX,
+        "softmax_scale",
+        f"must be within [-2**64, 2**64] (the kernels' float32 scales stay finite), got {value!r}",
+    )
+    return float(value)
+
+
+def check_paged_cache(m, kv_cache, device):
+    """kv_cache [num_pages, PAGE_SIZE, 1, Dc+Dr] in the module's cache dtype (CACHE_DTYPE) on `device`."""
+    width, dtype, page_size = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM, m.CACHE_DTYPE, m.PAGE_SIZE
+    if isinstance(kv_cache, torch.Tensor) and kv_cache.dtype != dtype:
+        raise ValueError(f"kv_cache: expected dtype {dtype} (this module's cache_dtype), got {kv_cache.dtype}")
+    _check_tensor(kv_cache, "kv_cache", ndim=4, dtype=dtype, device=device, last_dim=width)
+    _check(
+        kv_cache.shape[1] == page_size and kv_cache.shape[2] == 1,
+        "kv_cache",
+        f"expected [num_pages, {page_size}, 1, {width}], got shape {tuple(kv_cache.shape)}",
+    )
+    _check(kv_cache.shape[0] >= 1, "kv_cache", f"expected at least one page, got shape {tuple(kv_cache.shape)}")
+
+
+def _kv_scale_number(kv_scale, device):
+    """An fp8 cache's kv_scale given as a number, checked (finite, > 0, within float32's normal range), as a float32
+    tensor of one element on `device`."""
+    if not (
+        isinstance(kv_scale, (int, float))
+        and not isinstance(kv_scale, bool)
+        and _FLOAT32.tiny <= kv_scale <= _FLOAT32.max
+    ):
+        raise ValueError(
+            f"kv_scale: must be a finite number > 0 within float32's normal range, or a float32 tensor of one "
+            f"element, got {kv_scale!r}"
+        )
+    return torch.full((1,), float(kv_scale), dtype=torch.float32, device=device)
+
+
+def resolve_kv_scale(m, kv_scale, device, validate=None):
+    """The cache's scale as the module's kernels take it: None for a 16-bit cache (kv_scale must be None); for an
+    fp8 cache (CACHE_FORMAT.scaled) a float32 tensor of one element on `device` (latent = stored * kv_scale).
+
+    The kernels always take a pointer and load the scale on the device: one compiled kernel for every
+    value and both forms, and a tensor scale never goes back to the host, so such a call can be captured
+    in a CUDA graph. A number is turned into a tensor once per (device, value) (the module's
+    _KV_SCALE_TENSORS). A tensor's value is checked (finite, > 0) only when validating (it costs a
+    synchronisation); a number's always. Messages are formatted only on failure: this runs on every call.
+    """
+    if not m.CACHE_FORMAT.scaled:
+        if kv_scale is not None:
+            raise ValueError(
+                f"kv_scale: this module's cache is {m.CACHE_DTYPE}, not scaled: kv_scale is for "
+                f"float8_e4m3fn caches only, got {kv_scale!r}"
+            )
+        return None
+    if isinstance(kv_scale, torch.Tensor):
+        if not (kv_scale.dtype == torch.float32 and kv_scale.numel() == 1 and kv_scale.device == device):
+            raise ValueError(
+                f"kv_scale: expected a number or a float32 tensor of one element on {device}, got a "
+                f"{kv_scale.dtype} tensor of shape {tuple(kv_scale.shape)} on {kv_scale.device}"
+            )
+        if _validating(validate, device):
+            value = float(kv_scale)
+            _check(
+                _FLOAT32.tiny <= value <= _FLOAT32.max,
+                "kv_scale",
+                f"must be a finite float32 > 0 (a normal number), got {value!r}",
+            )
+        return kv_scale
+    tensors = m._KV_SCALE_TENSORS
+    tensor = tensors.get((device, kv_scale)) if type(kv_scale) is float else None
+    if tensor is not None:
+        return tensor
+    if kv_scale is None:
+        raise ValueError(
+            f"kv_scale: required: this module's cache is {m.CACHE_DTYPE}, stored as fp8(latent / "
+            "kv_scale); pass the layer's scale as a number or a float32 tensor of one element"
+        )
+    tensor = _kv_scale_number(kv_scale, device)
+    # a tensor made while a CUDA graph is captured holds its value only once the graph replays: not kept
+    if device.type != "cuda" or not torch.cuda.is_current_stream_capturing():
+        if len(tensors) >= m._KV_SCALE_TENSORS_MAX:
+            tensors.clear()
+        tensors[(device, float(kv_scale))] = tensor
+    return tensor
 
 
 # ---- launching -------------------------------------------------------------------------------------
@@ -787,6 +894,15 @@ def bind(m, function):
     return bound
 
 
+#: the ops' annotations in typing's spelling, the one torch.library's schema inference knows in every torch
+#: release mlagen supports
+_OPTIONAL_FLOAT = typing.Optional[float]  # noqa: UP045
+_OPTIONAL_BOOL = typing.Optional[bool]  # noqa: UP045
+_OPTIONAL_TENSOR = typing.Optional[torch.Tensor]  # noqa: UP045
+_OPTIONAL_INTS = typing.Optional[typing.List[int]]  # noqa: UP006, UP045
+_TWO_TENSORS = typing.Tuple[torch.Tensor, torch.Tensor]  # noqa: UP006
+
+
 def register_op(namespace, name, impl, fake, mutates_args=()):
     """The torch.library custom op namespace::name running `impl` (fake implementation `fake`), registered once
     per process: a module imported again keeps the ops of its first import (torch.library.custom_op would
@@ -806,8 +922,6 @@ def register_op(namespace, name, impl, fake, mutates_args=()):
 
 #: torch.compiler.is_compiling, bound once: every entry point asks it first (a tracer reads it as True)
 compiling = torch.compiler.is_compiling
-
-_FLOAT32 = torch.finfo(torch.float32)
 
 #: DecodeSchedule handles: a traced graph keeps a schedule's int handle (a schedule cannot be an op's
 #: argument), and the decode op finds the schedule by it; weak, so a schedule lives as long as its caller keeps it
@@ -835,17 +949,8 @@ def _op_kv_scale(m, kv_scale, device):
     if isinstance(kv_scale, torch.Tensor):
         return kv_scale
     if not m.CACHE_FORMAT.scaled or kv_scale is None:
-        return m._kv_scale(kv_scale, device)
-    if not (
-        isinstance(kv_scale, (int, float))
-        and not isinstance(kv_scale, bool)
-        and _FLOAT32.tiny <= kv_scale <= _FLOAT32.max
-    ):
-        raise ValueError(
-            f"kv_scale: must be a finite number > 0 within float32's normal range, or a float32 tensor of one "
-            f"element, got {kv_scale!r}"
-        )
-    return torch.full((1,), float(kv_scale), dtype=torch.float32, device=device)
+        return resolve_kv_scale(m, kv_scale, device)
+    return _kv_scale_number(kv_scale, device)
 
 
 def _op_outputs(result, out, lse, return_lse):
@@ -930,6 +1035,82 @@ def mla_chunked_prefill_traced(
         validate,
     )
     return _op_outputs(result, out, lse, return_lse)
+
+
+def register_ops(m, kinds):
+    """The module's entry points as torch.library custom ops in its namespace (m.OPS_NAMESPACE), as
+    `m.ops`: cache_write, and decode, prefill and chunked_prefill where the module has those kinds (README,
+    "Custom ops"). Each op runs the module's plain function unchanged; its fake gives the outputs' shapes and
+    dtypes without launching anything. A namespace already holding the ops (the same file imported twice) keeps
+    them: register_op."""
+
+    # fmt: off
+    def cache_write_op(c_kv: torch.Tensor, k_pe: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor,
+                       kv_scale: _OPTIONAL_TENSOR = None, validate: _OPTIONAL_BOOL = None) -> None:
+        m.mla_cache_write(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=kv_scale, validate=validate)
+
+    def cache_write_fake(c_kv, k_pe, kv_cache, slot_mapping, kv_scale=None, validate=None):
+        return None
+
+    # The decode op plans nothing itself: a call without schedule= reuses mla_decode's schedule for its batch
+    # shape, device and stream (planning reads no device memory; the schedule owns the workspace). A captured
+    # CUDA graph keeps the schedule it was captured with, as with an explicit schedule=.
+    def decode_op(q: torch.Tensor, kv_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+                  softmax_scale: _OPTIONAL_FLOAT = None, kv_scale: _OPTIONAL_TENSOR = None, causal: bool = True,
+                  validate: _OPTIONAL_BOOL = None, empty_lse: _OPTIONAL_FLOAT = None,
+                  schedule: int = -1) -> _TWO_TENSORS:
+        return m.mla_decode(q, kv_cache, block_table, cache_seqlens, softmax_scale=softmax_scale, kv_scale=kv_scale,
+                            return_lse=True, causal=causal, validate=validate,
+                            empty_lse=-math.inf if empty_lse is None else empty_lse,
+                            schedule=schedule_of_handle(schedule))
+
+    def decode_fake(q, kv_cache, block_table, cache_seqlens, softmax_scale=None, kv_scale=None, causal=True,
+                    validate=None, empty_lse=None, schedule=-1):
+        batch, seqlen_q = q.shape[0], q.shape[1]
+        return (q.new_empty((batch, seqlen_q, m.NUM_HEADS, m.KV_LORA_RANK), dtype=m.DTYPE),
+                q.new_empty((batch, m.NUM_HEADS, seqlen_q), dtype=torch.float32))
+
+    def prefill_op(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                   cu_seqlens: torch.Tensor, max_seqlen: int, softmax_scale: _OPTIONAL_FLOAT = None,
+                   config: _OPTIONAL_INTS = None, validate: _OPTIONAL_BOOL = None) -> _TWO_TENSORS:
+        return m.mla_prefill(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale=softmax_scale,
+                             return_lse=True, config=config, validate=validate)
+
+    def prefill_fake(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale=None, config=None, validate=None):
+        return mha_outputs_fake(q)
+
+    def chunked_prefill_op(q: torch.Tensor, k_nope: torch.Tensor, k_pe: torch.Tensor, v: torch.Tensor,
+                           cu_seqlens: torch.Tensor, max_seqlen: int, kv_cache: torch.Tensor,
+                           block_table: torch.Tensor, prefix_lens: torch.Tensor, w_uk: torch.Tensor,
+                           w_uv: torch.Tensor, num_prefix_tokens: int, softmax_scale: _OPTIONAL_FLOAT = None,
+                           kv_scale: _OPTIONAL_TENSOR = None, config: _OPTIONAL_INTS = None,
+                           validate: _OPTIONAL_BOOL = None) -> _TWO_TENSORS:
+        return m.mla_chunked_prefill(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens,
+                                     w_uk, w_uv, softmax_scale=softmax_scale, kv_scale=kv_scale, return_lse=True,
+                                     config=config, validate=validate, num_prefix_tokens=num_prefix_tokens)
+
+    def chunked_prefill_fake(q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk,
+                             w_uv, num_prefix_tokens, softmax_scale=None, kv_scale=None, config=None, validate=None):
+        return mha_outputs_fake(q)
+
+    def mha_outputs_fake(q):
+        """out [T, H, Dv] in the spec dtype, lse [H, T] float32."""
+        num_tokens = q.shape[0]
+        return (q.new_empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=m.DTYPE),
+                q.new_empty((m.NUM_HEADS, num_tokens), dtype=torch.float32))
+    # fmt: on
+
+    register = functools.partial(register_op, m.OPS_NAMESPACE)
+    ops = types.SimpleNamespace(
+        namespace=m.OPS_NAMESPACE,
+        cache_write=register("cache_write", cache_write_op, cache_write_fake, mutates_args=("kv_cache",)),
+    )
+    if "decode" in kinds:
+        ops.decode = register("decode", decode_op, decode_fake)
+    if "prefill" in kinds:
+        ops.prefill = register("prefill", prefill_op, prefill_fake)
+        ops.chunked_prefill = register("chunked_prefill", chunked_prefill_op, chunked_prefill_fake)
+    return ops
 
 
 # ---- decode: backend, schedule, the checked first call and its launches ---------------------------------
@@ -1102,7 +1283,7 @@ class DecodeSchedule:
             (seqlen_q * m.NUM_HEADS * m.KV_LORA_RANK, m.NUM_HEADS * m.KV_LORA_RANK, m.KV_LORA_RANK, 1),
         )
         self._lse_layout = ((batch_size, m.NUM_HEADS, seqlen_q), (m.NUM_HEADS * seqlen_q, seqlen_q, 1))
-        #: call signature (_decode_signature) -> the call's launches, prepared by its first call
+        #: call signature (decode_signature) -> the call's launches, prepared by its first call
         self._launches = {}
         #: the int a traced graph keeps for this schedule (see mla_decode_traced)
         self._handle = next(_SCHEDULE_HANDLES)
@@ -1306,6 +1487,151 @@ def get_decode_schedule(
     )
 
 
+def latent_descriptors(m, rows, block_rows):
+    """TMA descriptors of the [c ; pe] column ranges of a [N, Dc + Dr] matrix (padded columns read as 0)."""
+    dc, dr = m.KV_LORA_RANK, m.QK_ROPE_HEAD_DIM
+    latent = TensorDescriptor(rows, [rows.shape[0], dc], [dc + dr, 1], [block_rows, m.DECODE_DC_PAD])
+    rope = TensorDescriptor(rows[:, dc:], [rows.shape[0], dr], [dc + dr, 1], [block_rows, m.DECODE_DR_PAD])
+    return latent, rope
+
+
+def default_schedule(m, batch, seqlen_q, device, plan=True):
+    """The schedule of a module's decode call made without one (m._DEFAULT_SCHEDULES, per batch, Sq, device,
+    stream and options in force); plan=False: None where none is planned yet."""
+    stream = _current_stream(device) if device.type == "cuda" else 0
+    key = (batch, seqlen_q, device, stream, _options())
+    schedules = m._DEFAULT_SCHEDULES
+    schedule = schedules.get(key)
+    if schedule is None and plan:
+        if len(schedules) >= 64:  # many shapes (e.g. a varying batch): keep the newest
+            schedules.pop(next(iter(schedules)))
+        schedule = schedules[key] = m.get_decode_schedule(batch, seqlen_q, device)
+    return schedule
+
+
+def decode_signature(
+    q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale, kv_scale_tensor, scale, causal, empty_lse, addresses
+):
+    """What a decode call's launches depend on besides where its tensors are: their layouts (shape, strides,
+    dtype, device, address modulo 16), the softmax scale, causality, empty_lse, and the form of kv_scale (a number:
+    its cached tensor; a tensor: its layout). out / lse not given count as such (the call allocates them contiguous
+    and aligned). addresses: decode_addresses of the call. One flat tuple, written out: this runs on every call."""
+    key = (
+        q.shape,
+        q.stride(),
+        q.dtype,
+        q.device,
+        addresses[0] & 15,
+        kv_cache.shape,
+        kv_cache.stride(),
+        kv_cache.dtype,
+        kv_cache.device,
+        addresses[1] & 15,
+        block_table.shape,
+        block_table.stride(),
+        block_table.dtype,
+        block_table.device,
+        addresses[2] & 15,
+        cache_seqlens.shape,
+        cache_seqlens.stride(),
+        cache_seqlens.dtype,
+        cache_seqlens.device,
+        addresses[3] & 15,
+        scale,
+        causal,
+        empty_lse,
+        _layout(kv_scale) if isinstance(kv_scale, torch.Tensor) else kv_scale_tensor is None,
+    )
+    if out is not None:
+        key += ("out", out.shape, out.stride(), out.dtype, out.device, addresses[4] & 15)
+    if lse is not None:
+        key += ("lse", lse.shape, lse.stride(), lse.dtype, lse.device, addresses[5] & 15)
+    return key
+
+
+def decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor):
+    """data_ptr() of a call's tensors, in the order of its launches' inputs (None where absent): read once,
+    for the signature and the raw launches."""
+    return [
+        q.data_ptr(),
+        kv_cache.data_ptr(),
+        block_table.data_ptr(),
+        cache_seqlens.data_ptr(),
+        None if out is None else out.data_ptr(),
+        None if lse is None else lse.data_ptr(),
+        None if kv_scale_tensor is None else kv_scale_tensor.data_ptr(),
+    ]
+
+
+def _check_decode_apart(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor):
+    """A decode call's out and lse share no memory with its inputs (or each other)."""
+    inputs = (("q", q), ("kv_cache", kv_cache), ("block_table", block_table), ("cache_seqlens", cache_seqlens))
+    _check_no_overlap((("out", out), ("lse", lse)), (*inputs, ("kv_scale", kv_scale_tensor)))
+
+
+def mla_decode_prepared(
+    m, q, kv_cache, block_table, cache_seqlens, softmax_scale, kv_scale, schedule, out, lse, validate, return_lse,
+    causal, empty_lse,
+):  # fmt: skip
+    """A module's mla_decode, the per-call path: (out, lse) of a call whose tensors have the layout of an earlier,
+    fully checked call with this schedule (bare calls: the default one): its launches with this call's tensors,
+    nothing checked again but index values where validating. None where there is no such call (or the arguments
+    are of a kind the checks would reject): mla_decode then checks everything and prepares the launches
+    (mla_decode_checked). lse not given and not returned: written to the schedule's scratch rows (the kernels
+    only store it)."""
+    try:
+        device = q.device
+        if schedule is None:
+            schedule = default_schedule(m, q.shape[0], q.shape[1], device, plan=False)
+            if schedule is None:
+                return None
+        elif type(schedule) is not m.DecodeSchedule:
+            return None
+        if kv_scale is None or isinstance(kv_scale, torch.Tensor):
+            kv_scale_tensor = kv_scale
+        elif type(kv_scale) is float and m.CACHE_FORMAT.scaled:  # (a number's tensor, made by the checked call)
+            kv_scale_tensor = m._KV_SCALE_TENSORS.get((device, kv_scale))
+            if kv_scale_tensor is None:
+                return None
+        else:
+            return None
+        if (
+            not (softmax_scale is None or type(softmax_scale) is float)
+            or type(causal) is not bool
+            or (type(empty_lse) is not float)
+        ):
+            return None
+        scale = m.SOFTMAX_SCALE if softmax_scale is None else softmax_scale
+        causal = causal or q.shape[1] == 1
+        addresses = decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
+        signature = decode_signature(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale, kv_scale_tensor,
+                                     scale, causal, empty_lse, addresses)  # fmt: skip
+        launches = schedule._launches.get(signature)
+    except (AttributeError, IndexError, TypeError):  # not tensors of the expected rank: the checks say what
+        return None
+    if launches is None:
+        return None
+    if _validating(validate, device):
+        resolve_kv_scale(m, kv_scale, device, validate)
+        _validate_pages(block_table, cache_seqlens, "cache_seqlens", kv_cache.shape[0], m.PAGE_SIZE)
+        if out is not None or lse is not None:  # (the first call checked the layout, not these addresses)
+            _check_decode_apart(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
+    if out is None:  # (empty_strided with the layout worked out: less host time than empty, performance-log.md)
+        out = torch.empty_strided(*schedule._out_layout, dtype=m.DTYPE, device=device)
+        addresses[4] = out.data_ptr()
+    if lse is None:
+        lse = (
+            schedule._lse_rows(device)
+            if not return_lse
+            else torch.empty_strided(*schedule._lse_layout, dtype=torch.float32, device=device)
+        )
+        addresses[5] = lse.data_ptr()
+    if _options().poison_workspace:
+        schedule.workspace(device)
+    _launch_prepared(launches, (q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor), addresses)
+    return out, lse
+
+
 def mla_decode_checked(
     m,
     q,
@@ -1332,14 +1658,14 @@ def mla_decode_checked(
     _check(q.shape[2] == m.NUM_HEADS, "q", f"expected {m.NUM_HEADS} heads in dimension 2, got shape {tuple(q.shape)}")
     batch, seqlen_q = q.shape[0], q.shape[1]
     _check(batch >= 1 and seqlen_q >= 1, "q", f"batch and Sq must be >= 1, got shape {tuple(q.shape)}")
-    m._check_paged_cache(kv_cache, device)
-    kv_scale_tensor = m._kv_scale(kv_scale, device, validate)
+    check_paged_cache(m, kv_cache, device)
+    kv_scale_tensor = resolve_kv_scale(m, kv_scale, device, validate)
     _check_per_sequence(block_table, "block_table", batch, device, ndim=2)
     _check_per_sequence(cache_seqlens, "cache_seqlens", batch, device, ndim=1)
     if _validating(validate, device):
         _validate_pages(block_table, cache_seqlens, "cache_seqlens", kv_cache.shape[0], m.PAGE_SIZE)
     if schedule is None:
-        schedule = m._default_schedule(batch, seqlen_q, device)
+        schedule = default_schedule(m, batch, seqlen_q, device)
     if not (type(schedule) is m.DecodeSchedule and schedule.spec_hash == m.SPEC_HASH):
         raise ValueError(
             f"schedule: planned by another module (spec {getattr(schedule, 'spec_hash', '?')[:12]}), "
@@ -1350,7 +1676,7 @@ def mla_decode_checked(
         "schedule",
         f"planned for batch {schedule.batch_size}, Sq {schedule.seqlen_q}; called with {batch}, {seqlen_q}",
     )
-    scale = m._softmax_scale(softmax_scale)
+    scale = resolve_softmax_scale(m, softmax_scale)
     _check(type(causal) is bool, "causal", f"must be True or False, got {causal!r}")
     causal = causal or seqlen_q == 1  # one new token: both forms are the same launch
     _check(
@@ -1359,21 +1685,9 @@ def mla_decode_checked(
         f"must be -math.inf or math.inf, got {empty_lse!r}",
     )
     empty_lse = float(empty_lse)
-    addresses = m._decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
-    signature = m._decode_signature(
-        q,
-        kv_cache,
-        block_table,
-        cache_seqlens,
-        out,
-        lse,
-        kv_scale,
-        kv_scale_tensor,
-        scale,
-        causal,
-        empty_lse,
-        addresses,
-    )
+    addresses = decode_addresses(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
+    signature = decode_signature(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale, kv_scale_tensor,
+                                 scale, causal, empty_lse, addresses)  # fmt: skip
 
     out_shape = (batch, seqlen_q, m.NUM_HEADS, m.KV_LORA_RANK)
     if out is None:
@@ -1394,16 +1708,7 @@ def mla_decode_checked(
         "lse",
         f"expected float32 [{batch}, {m.NUM_HEADS}, {seqlen_q}] on {device}",
     )
-    _check_no_overlap(
-        (("out", out), ("lse", lse)),
-        (
-            ("q", q),
-            ("kv_cache", kv_cache),
-            ("block_table", block_table),
-            ("cache_seqlens", cache_seqlens),
-            ("kv_scale", kv_scale_tensor),
-        ),
-    )
+    _check_decode_apart(q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
     inputs = (q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale_tensor)
     workspace = schedule.workspace(device)
     launches = prepare_decode(m, inputs, workspace, scale, schedule, causal, empty_lse)
@@ -1421,7 +1726,7 @@ def prepare_decode(m, inputs, workspace, scale, schedule, causal, empty_lse):
     combine kernel where the schedule merges split sequences in a second launch."""
     q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
     if schedule.backend == "gluon":
-        launches = [m._mla_decode_gluon_split(inputs, workspace, scale, schedule, causal, empty_lse)]
+        launches = [decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse)]
     else:
         launches = [decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse)]
     if schedule.merge == "kernel":
@@ -1489,9 +1794,9 @@ def decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse
     )
     q_desc_c = q_desc_r = kv_desc_c = kv_desc_r = None
     if use_tma:
-        kv_desc_c, kv_desc_r = m._latent_descriptors(kv_cache.view(-1, width), block_n)
+        kv_desc_c, kv_desc_r = latent_descriptors(m, kv_cache.view(-1, width), block_n)
     if q_tma:
-        q_desc_c, q_desc_r = m._latent_descriptors(q.view(-1, width), schedule.block_m)
+        q_desc_c, q_desc_r = latent_descriptors(m, q.view(-1, width), schedule.block_m)
     return _PreparedLaunch(
         m._mla_decode_split_kernel,
         (schedule.row_blocks, schedule.num_parts),
@@ -1553,6 +1858,237 @@ def decode_triton_split(m, inputs, workspace, scale, schedule, causal, empty_lse
         num_warps=num_warps,
         num_stages=num_stages,
     )
+
+
+# ---- the Gluon decode's launch (gl, GluonTensorDescriptor and the shared layouts are the module's: it imports
+# and makes them where its Triton release has Gluon) ---------------------------------------------------------
+
+
+def gluon_descriptors(m, rows, block_rows):
+    """TMA descriptors of a [N, Dc + Dr] matrix: boxes of one latent half and of the rope columns."""
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    shape = [rows.shape[0], width]
+    return (
+        m.GluonTensorDescriptor(rows, shape, [width, 1], [block_rows, m.DECODE_GLUON_DC_HALF], m._GLUON_LAYOUT_C),
+        m.GluonTensorDescriptor(rows, shape, [width, 1], [block_rows, m.QK_ROPE_HEAD_DIM], m._GLUON_LAYOUT_R),
+    )
+
+
+def gluon_land_descriptors(m, q_rows, cache_rows, block_n, full_query=False):
+    """An fp8 cache's landing producer's: query boxes [BLOCK_M / 2, 64] (16-bit chunks of the tile's upper half;
+    full_query: the whole tile's, the landing zone being a buffer of its own) and fp8 cache boxes [block_n, 64]
+    (one per chunk of the lower half), rope boxes min(Dr, 64) wide (m._GLUON_LAND_RW)."""
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    q_shape, kv_shape = [q_rows.shape[0], width], [cache_rows.shape[0], width]
+    rows = m.DECODE_GLUON_BLOCK_M if full_query else m.DECODE_GLUON_LAND_ROWS
+    land_rw, land_layout = m._GLUON_LAND_RW, m._GLUON_LAYOUT_LAND
+    return (
+        m.GluonTensorDescriptor(q_rows, q_shape, [width, 1], [rows, 64], m._GLUON_LAYOUT_C),
+        m.GluonTensorDescriptor(q_rows, q_shape, [width, 1], [rows, land_rw], m._GLUON_LAYOUT_R),
+        m.GluonTensorDescriptor(cache_rows, kv_shape, [width, 1], [block_n, 64], land_layout),
+        m.GluonTensorDescriptor(cache_rows, kv_shape, [width, 1], [block_n, land_rw], land_layout),
+    )
+
+
+def gluon_cache_boxes(m, kv_cache, block_n):
+    """Whether every block_n-position block of the cache is one contiguous range of whole rows that TMA boxes (and
+    bulk prefetches) can address: pages holding whole blocks, the cache one [pages * page_size, Dc + Dr] matrix."""
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    return (
+        block_n <= m.PAGE_SIZE
+        and kv_cache.stride(1) == width
+        and kv_cache.stride(0) == m.PAGE_SIZE * width
+        and kv_cache.data_ptr() % 16 == 0
+    )
+
+
+def gluon_tma_box_rows(m, block_n):
+    """Rows of the 16-bit TMA producer's cache boxes for block_n-position blocks: the whole block, or for a long
+    block (more than DECODE_GLUON_BLOCK_N positions: gluon_long_blocks) the part of it that one page holds, at
+    least DECODE_GLUON_BLOCK_N rows (smaller pages take the gathering producer)."""
+    return block_n if block_n <= m.DECODE_GLUON_BLOCK_N else max(m.DECODE_GLUON_BLOCK_N, min(block_n, m.PAGE_SIZE))
+
+
+def gluon_producer_kind(m, kv_cache, query_rows, narrow, block_n=None, land_slots=1):
+    """Which producer fills the stages, its warps and registers (block_n None: DECODE_GLUON_BLOCK_N). TMA boxes
+    need every block (block_n cache positions: the schedule's; a long block: every gluon_tma_box_rows of it) inside
+    one page and the cache viewable as one [pages * page_size, Dc + Dr] matrix; else a 16-bit cache takes the
+    gathering producer (any page size). An fp8 cache lands by TMA in the query tile's lower half where the query
+    takes at most its upper half (query_rows = Sq * H; more converting warps with the narrow form, narrow > 0:
+    the schedule's), or in a ring of its own where the schedule has one (land_slots > 1, see gluon_land_ring: a
+    query that fills the tile then lands too), else it is loaded row by row (any page size): 4-byte words at a
+    time where the cache starts on 16 bytes and its rows on 4-byte words ("convert"), else byte by byte
+    ("convert_bytes": the loads' latency is then paid chunk by chunk)."""
+    block_n = m.DECODE_GLUON_BLOCK_N if block_n is None else block_n
+    if not m.CACHE_FORMAT.scaled:
+        if gluon_cache_boxes(m, kv_cache, gluon_tma_box_rows(m, block_n)):
+            return "tma", 1, m.DECODE_GLUON_PRODUCER_REGS
+        return "gather", m.DECODE_GLUON_GATHER_WARPS, m.DECODE_GLUON_GATHER_REGS
+    if (query_rows <= m.DECODE_GLUON_LAND_ROWS or land_slots > 1) and gluon_cache_boxes(m, kv_cache, block_n):
+        land_warps = m.DECODE_GLUON_NARROW_LAND_WARPS if narrow else m.DECODE_GLUON_LAND_WARPS
+        return "land", land_warps, m.DECODE_GLUON_LAND_REGS
+    # (16 bytes, not 4, for the start: a prepared launch is reused for caches of the same layout and 16-byte
+    # alignment, so a launch with word loads must never meet a cache that starts off a word)
+    words = kv_cache.data_ptr() % 16 == 0 and kv_cache.stride(0) % 4 == 0 and kv_cache.stride(1) % 4 == 0
+    return "convert" if words else "convert_bytes", m.DECODE_GLUON_GATHER_WARPS, m.DECODE_GLUON_CONVERT_REGS
+
+
+def gluon_launch_descriptors(m, q_rows, kv_cache, producer, block_n=None, full_query=False):
+    """The four TMA descriptors of a launch with `producer` and block_n-position cache blocks (None:
+    DECODE_GLUON_BLOCK_N; a producer without cache boxes gets the query's twice: unused; full_query: the landing
+    producer's query fills the tile)."""
+    block_n = m.DECODE_GLUON_BLOCK_N if block_n is None else block_n
+    cache_rows = kv_cache.view(-1, m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM) if producer in ("tma", "land") else None
+    if producer == "land":
+        return gluon_land_descriptors(m, q_rows, cache_rows, block_n, full_query)
+    q_desc_c, q_desc_r = gluon_descriptors(m, q_rows, m.DECODE_GLUON_BLOCK_M)
+    if producer == "tma":
+        return (q_desc_c, q_desc_r) + gluon_descriptors(m, cache_rows, gluon_tma_box_rows(m, block_n))
+    return q_desc_c, q_desc_r, q_desc_c, q_desc_r
+
+
+def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse):
+    """The Gluon split kernel's launch: same slots, outputs and fused merge as decode_triton_split. kv_scale
+    among the inputs: None, or the fp8 cache's float32 [1] scale tensor (a converting producer then fills the
+    stages)."""
+    q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
+    o_part, lse_part, counters = workspace
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    q_rows = q.reshape(-1, width)
+    if q_rows.data_ptr() % 16 or not q_rows.is_contiguous():
+        q_rows = q_rows.clone()  # (a copy per call: such a launch is not reusable)
+    block_n = schedule.config[0]
+    producer, producer_warps, producer_regs = gluon_producer_kind(
+        m, kv_cache, seqlen_q * m.NUM_HEADS, schedule.narrow, block_n, schedule.land_slots
+    )
+    # (more query rows than half the tile land only beside it, in the ring: gluon_producer_kind)
+    full_query = producer == "land" and seqlen_q * m.NUM_HEADS > m.DECODE_GLUON_LAND_ROWS
+    q_desc_c, q_desc_r, kv_desc_c, kv_desc_r = gluon_launch_descriptors(
+        m, q_rows, kv_cache, producer, block_n, full_query
+    )
+    scaled = m.CACHE_FORMAT.scaled
+    land = producer == "land"
+    # fmt: off
+    return _PreparedLaunch(
+        m._mla_decode_gluon_kernel, (schedule.row_blocks, schedule.num_parts), inputs, workspace,
+        (q_desc_c, q_desc_r, kv_desc_c, kv_desc_r, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part,
+         counters, kv_scale if scaled else counters, scale * LOG2E, batch, schedule.num_parts,
+         max(1, schedule.min_blocks_per_part), kv_cache.stride(0), kv_cache.stride(1), block_table.stride(0),
+         *_decode_output_strides(out, lse, o_part)),
+        dict(SQ=seqlen_q, H=m.NUM_HEADS, DC=m.KV_LORA_RANK, DR=m.QK_ROPE_HEAD_DIM, DC_HALF=m.DECODE_GLUON_DC_HALF,
+             PAGE_SIZE=m.PAGE_SIZE, BLOCK_M=m.DECODE_GLUON_BLOCK_M, BLOCK_N=block_n, BLOCK_B=schedule.block_b,
+             STAGES=schedule.config[2], P_LAYOUT=m._GLUON_LAYOUT_P[block_n], PRODUCER=producer,
+             ZERO_TAIL=producer in ("tma", "land"),
+             LAND_PIECES=(m.DECODE_GLUON_LAND_FULL_QUERY_PIECES if full_query else m.DECODE_GLUON_LAND_PIECES)
+             if land else 1, FULL_QUERY=full_query, LAND_SLOTS=schedule.land_slots if land else 1,
+             QUERY_SLICE=m.DECODE_GLUON_LAND_FULL_QUERY_SLICE if full_query else 0,
+             PREFETCH_BLOCKS=producer == "convert" and gluon_cache_boxes(m, kv_cache, block_n),
+             STAGE_DTYPE=m.gl.float16 if scaled else m._GLUON_DTYPE, PRODUCER_WARPS=producer_warps,
+             PRODUCER_REGS=producer_regs, GATHER_COLS=m.DECODE_GLUON_GATHER_COLS,
+             ISSUER_REGS=m.DECODE_GLUON_PRODUCER_REGS, CONSUMER_REGS=schedule.config[1], LN2=m._LN2.value,
+             FUSED_MERGE=schedule.merge == "fused", MERGE_FANIN=m.DECODE_MERGE_FANIN,
+             MERGE_LEVELS=m.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C, SCALED=scaled,
+             NARROW=schedule.narrow, SEQUENCE_RUNS=schedule.sequence_runs,
+             PARTIAL_STORE=_PARTIAL_EVICTION[schedule.keep_partials][0], CAUSAL=causal, EMPTY_INF=empty_lse > 0),
+        num_warps=4,
+    )
+    # fmt: on
+
+
+# ---- the Gluon prefill's launch (GluonTensorDescriptor and the shared layouts, _gluon_prefill_layout, are the
+# module's: it imports and makes them where its Triton release has Gluon) ----------------------------------------
+
+
+def gluon_prefill_descriptors(m, q, k_nope, k_pe, v, block_n):
+    """TMA descriptors of q [T, H * (Dn + Dr)] (boxes of one warpgroup's rows: its nope and its rope columns),
+    k_nope [T, H * Dn], k_pe [T, Dr] and v [T, H * Dv] (boxes of one key block); the tensors' layouts are
+    gluon_prefill_tma_ok's."""
+    rows, layout, descriptor = m.PREFILL_GLUON_WARPGROUP_ROWS, m._gluon_prefill_layout, m.GluonTensorDescriptor
+    dn, dr, dv, heads = m.QK_NOPE_HEAD_DIM, m.QK_ROPE_HEAD_DIM, m.V_HEAD_DIM, m.NUM_HEADS
+    q_shape, q_strides = [q.shape[0], heads * (dn + dr)], [q.stride(0), 1]
+    return (
+        descriptor(q, q_shape, q_strides, [rows, dn], layout(rows, dn)),
+        descriptor(q, q_shape, q_strides, [rows, dr], layout(rows, dr)),
+        descriptor(k_nope, [k_nope.shape[0], heads * dn], [k_nope.stride(0), 1], [block_n, dn], layout(block_n, dn)),
+        descriptor(k_pe, [k_pe.shape[0], dr], [k_pe.stride(0), 1], [block_n, dr], layout(block_n, dr)),
+        descriptor(v, [v.shape[0], heads * dv], [v.stride(0), 1], [block_n, dv], layout(block_n, dv)),
+    )
+
+
+def gluon_prefill_tma_ok(tensor, head_dim):
+    """TMA reads a [T, (H,) D] tensor as one [T, H * D] matrix: heads dense, last dim dense, 16-byte aligned rows
+    and start."""
+    dense = tensor.stride(-1) == 1 and (tensor.dim() == 2 or tensor.stride(1) == head_dim)
+    return dense and tensor.stride(0) * tensor.element_size() % 16 == 0 and tensor.data_ptr() % 16 == 0
+
+
+def launch_prefill_gluon(
+    m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None, config=None
+):
+    """One launch of the module's _mla_prefill_gluon_kernel (arguments already checked; lse may be None). A tensor
+    TMA cannot address is copied into a dense one first; no key at all (an empty prefix batch) takes the portable
+    kernel, which only writes zeros and -inf then. sections: of the tile order (default: prefill_sections's; 1:
+    row blocks outermost). config: (block_n, stages) of PREFILL_GLUON_SPACE (default: the device's tuned one for
+    the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT)."""
+    if config is None:
+        config = m.tuned_config(
+            m.PREFILL_TUNED, m._gpu_key(q.device), m.prefill_gluon_bucket(causal), m.PREFILL_GLUON_DEFAULT
+        )
+    block_n, stages = _check_prefill_gluon_config(m, config)
+    if max_seqlen_q == 0:
+        return
+    if k_nope.shape[0] == 0:
+        launch_prefill(
+            m,
+            q,
+            k_nope,
+            k_pe,
+            v,
+            cu_q,
+            cu_k,
+            max_seqlen_q,
+            out,
+            lse,
+            scale,
+            causal,
+            m.PREFILL_INTERPRETER_CONFIG,
+            use_tma=False,
+        )
+        return
+    dn, dr, dv, heads = m.QK_NOPE_HEAD_DIM, m.QK_ROPE_HEAD_DIM, m.V_HEAD_DIM, m.NUM_HEADS
+    tensors = []
+    for tensor, head_dim in ((q, dn + dr), (k_nope, dn), (k_pe, dr), (v, dv)):
+        if not gluon_prefill_tma_ok(tensor, head_dim):  # (a dense, aligned copy; a copy each call)
+            tensor = torch.empty_like(tensor, memory_format=torch.contiguous_format).copy_(tensor)
+        tensors.append(tensor)
+    q, k_nope, k_pe, v = tensors
+    q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc = gluon_prefill_descriptors(
+        m, q.view(q.shape[0], -1), k_nope.view(k_nope.shape[0], -1), k_pe, v.view(v.shape[0], -1), block_n
+    )
+    batch = cu_q.shape[0] - 1
+    pairs, m_blocks = batch * heads, -(-max_seqlen_q // m.PREFILL_GLUON_BLOCK_M)
+    if sections is None:
+        sections = m.prefill_sections(
+            pairs, k_nope.shape[0] // batch, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device)
+        )
+    else:  # (a probe's choice: 0 or more sections than pairs would divide by zero inside the kernel)
+        _check(
+            isinstance(sections, int) and not isinstance(sections, bool) and 1 <= sections <= pairs,
+            "sections",
+            f"must be an int in 1..{pairs} ((sequence, head) pairs), got {sections!r}",
+        )
+    # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that)
+    # fmt: off
+    _launch(
+        m._mla_prefill_gluon_kernel, (pairs * m_blocks,),
+        q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc, out, lse if lse is not None else out, cu_q, cu_k,
+        scale * LOG2E, out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
+        pairs, m_blocks, sections,
+        H=heads, DN=dn, DR=dr, DV=dv, BLOCK_N=block_n, STAGES=stages,
+        CAUSAL=causal, STORE_LSE=lse is not None, CONSUMER_REGS=m.PREFILL_GLUON_CONSUMER_REGS,
+        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, num_warps=4)
+    # fmt: on
 
 
 # ---- prefill, chunked prefill, the attention-state merge ------------------------------------------------
@@ -1807,7 +2343,7 @@ def mla_prefill(
     )
     backend, _ = prefill_backend(m, device, knobs_given=config is not None)
     config = _checked_prefill_config(m, backend, config)
-    scale = m._softmax_scale(softmax_scale)
+    scale = resolve_softmax_scale(m, softmax_scale)
     _launch_prefill_on(
         m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config
     )
@@ -1964,8 +2500,8 @@ def mla_chunked_prefill(
     _check_max_seqlen(max_seqlen, num_tokens)
     backend, _ = prefill_backend(m, device, knobs_given=config is not None)
     config = _checked_prefill_config(m, backend, config)
-    m._check_paged_cache(kv_cache, device)
-    kv_scale = m._kv_scale(kv_scale, device, validate)
+    check_paged_cache(m, kv_cache, device)
+    kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
     _check_per_sequence(block_table, "block_table", batch, device, ndim=2)
     _check_per_sequence(prefix_lens, "prefix_lens", batch, device, ndim=1)
     for name, tensor, head_dim in (("w_uk", w_uk, m.QK_NOPE_HEAD_DIM), ("w_uv", w_uv, m.V_HEAD_DIM)):
@@ -2006,7 +2542,7 @@ def mla_chunked_prefill(
             ("w_uv", w_uv),
         ),
     )
-    scale = m._softmax_scale(softmax_scale)
+    scale = resolve_softmax_scale(m, softmax_scale)
 
     cu_prefix = torch.zeros(batch + 1, dtype=torch.int32, device=device)
     cu_prefix[1:] = torch.cumsum(prefix_lens, 0, dtype=torch.int32)
@@ -2081,8 +2617,8 @@ def mla_cache_write(m, c_kv, k_pe, kv_cache, slot_mapping, *, kv_scale=None, val
     num_tokens = c_kv.shape[0]
     _check_tensor(k_pe, "k_pe", ndim=2, dtype=m.DTYPE, device=device, last_dim=m.QK_ROPE_HEAD_DIM)
     _check(k_pe.shape[0] == num_tokens, "k_pe", f"expected {num_tokens} tokens, got shape {tuple(k_pe.shape)}")
-    m._check_paged_cache(kv_cache, device)
-    kv_scale = m._kv_scale(kv_scale, device, validate)
+    check_paged_cache(m, kv_cache, device)
+    kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
     _check(
         isinstance(slot_mapping, torch.Tensor) and slot_mapping.dtype in (torch.int32, torch.int64),
         "slot_mapping",

@@ -251,7 +251,7 @@ def test_both_backends_share_one_split_schedule_and_merge():
     for name in shared:
         assert source.count(f"\ndef {name}(") == 1, name
         assert f"@triton.jit\ndef {name}(" in source, name
-    gluon = source[source.index(" def _gluon_merge_pieces(") : source.index(" def _mla_decode_gluon_split(")]
+    gluon = source[source.index(" def _gluon_merge_pieces(") : source.index(" _GLUON_DTYPE = ")]
     for call in ("_split_schedule(", "_run_extent(", "_run_piece(", "_arrive_and_merge(", "_write_empty_sequences("):
         assert call in gluon, call
     for twin in ("_gluon_split_schedule", "_gluon_sequence_run_blocks", "_gluon_piece(", "_gluon_merge_group"):

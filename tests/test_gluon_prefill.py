@@ -39,7 +39,7 @@ def test_bundled_specs_render_gluon_prefill_source(name):
     assert plan.eligible, plan.reason
     assert plan.smem_bytes <= GLUON_MAX_SMEM and plan.num_stages >= 2 and plan.block_m == 2 * plan.warpgroup_rows
     source = module_source(spec)
-    assert "def _mla_prefill_gluon_kernel(" in source and "def _launch_prefill_gluon(" in source
+    assert "def _mla_prefill_gluon_kernel(" in source and "_launch_prefill_gluon = _bind(_M, " in source
     assert f"PREFILL_GLUON_BLOCK_N = {plan.block_n}" in source and f"PREFILL_GLUON_STAGES = {plan.num_stages}" in source
     # the tuning space and its default (today's tile) beside them
     assert f"PREFILL_GLUON_SPACE = {plan.space}" in source and f"PREFILL_GLUON_DEFAULT = {plan.default}" in source

@@ -1,4 +1,4 @@
-"""Decode launches prepared once per tensor layout and schedule (_PreparedLaunch, _decode_signature).
+"""Decode launches prepared once per tensor layout and schedule (_PreparedLaunch, decode_signature).
 
 A call whose tensors have the layout of an earlier, fully checked call with the same schedule skips the
 checks and only puts its tensors into the prepared launches: these tests pin what must send a call back
@@ -132,8 +132,7 @@ class _RecordingKernel:
         return lambda *args, **options: self.launches.append((grid, args, options))
 
 
-def test_prepared_launch_puts_in_tensors_and_remakes_descriptors(build_module):
-    module = build_module(**SPEC)
+def test_prepared_launch_puts_in_tensors_and_remakes_descriptors():
     kernel = _RecordingKernel()
 
     def call_tensors():
@@ -141,7 +140,7 @@ def test_prepared_launch_puts_in_tensors_and_remakes_descriptors(build_module):
 
     a, b = call_tensors()
     work = torch.zeros(4)
-    descriptor = module.TensorDescriptor(b[:, 8:], [32, 16], [24, 1], [16, 16])
+    descriptor = runtime.TensorDescriptor(b[:, 8:], [32, 16], [24, 1], [16, 16])
     launch = runtime._PreparedLaunch(kernel, (2,), (a, b), (work,), (a, descriptor, work, 7), {"X": 3}, num_warps=4)
     assert launch.reusable
     assert not any(v is a or v is b for v in launch.values)
@@ -156,10 +155,9 @@ def test_prepared_launch_puts_in_tensors_and_remakes_descriptors(build_module):
     assert (remade.shape, remade.strides, remade.block_shape) == ([32, 16], [24, 1], [16, 16])
 
 
-def test_prepared_launch_is_not_reusable_with_a_per_call_copy(build_module):
-    module = build_module(**SPEC)
+def test_prepared_launch_is_not_reusable_with_a_per_call_copy():
     a, b = torch.randn(8, 16), torch.randn(32, 16)
-    copied = module.TensorDescriptor(b.clone(), [32, 16], [16, 1], [16, 16])
+    copied = runtime.TensorDescriptor(b.clone(), [32, 16], [16, 1], [16, 16])
     args = (a, copied, torch.zeros(4), 7)
     assert not runtime._PreparedLaunch(_RecordingKernel(), (1,), (a, b), (), args, {"X": 3}, num_warps=4).reusable
     unowned = (a, None, torch.zeros(4), 7)
@@ -283,9 +281,9 @@ def _raw_setup(module, monkeypatch):
     work = torch.zeros(4)
     args = (
         a,
-        module.TensorDescriptor(b[:, 8:], [32, 16], [24, 1], [16, 16]),
+        runtime.TensorDescriptor(b[:, 8:], [32, 16], [24, 1], [16, 16]),
         work,
-        module.TensorDescriptor(c[8:], [32, 16], [16, 1], [8, 16]),
+        runtime.TensorDescriptor(c[8:], [32, 16], [16, 1], [8, 16]),
         7,
         0.5,
         None,

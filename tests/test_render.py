@@ -128,3 +128,17 @@ def test_every_kernel_kind_is_complete_and_emitted_as_the_table_says(tmp_path):
             present = [hasattr(module, entry) for entry in kind.entry_points]
             assert present == [kind.name in names] * len(present), (kernels, kind.name)
     assert resolve_kernel("deepseek-v3-tp8/cache_write")[1] == "cache_write"
+
+
+def test_launch_tables_render_filled_and_read_back():
+    """A launch table renders filled (items run on up to 88 columns: with its name in front, within 120) and reads
+    back as the same value as the one-item-a-line literal."""
+    from mlagen_compiler.plan import lower
+
+    for name in sorted(registered_specs()):
+        plan = lower(resolve_spec(name))
+        for kind_plan in plan.kernels.values():
+            for table, value in kind_plan.template_tables({}).items():
+                text = render._table_literal(value)
+                assert ast.literal_eval(text) == ast.literal_eval(render._literal(value)), (name, table)
+                assert max(len(line) for line in text.splitlines()) <= 88, (name, table, text)
