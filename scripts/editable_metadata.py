@@ -9,6 +9,7 @@ on sys.path (PYTHONPATH) and this tree importable beside it.
 import pathlib
 import re
 import sys
+
 import tomllib
 
 root = pathlib.Path(__file__).resolve().parent.parent
