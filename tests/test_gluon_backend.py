@@ -259,19 +259,22 @@ def test_both_backends_share_one_split_schedule_and_merge():
 
 
 @pytest.mark.parametrize("flags", [[], ["--sequence-runs", "--empty-inf"], ["--combine-kernel"]])
-def test_gluon_kernel_with_the_shared_functions_compiles_for_sm90(flags):
+def test_gluon_kernel_with_the_shared_functions_compiles_for_sm90(module, flags):
     """The Gluon kernel, calling the shared schedule and merge, compiles for sm_90a offline (Triton's front end,
     passes and ptxas; no GPU), in a process of its own (the offline driver replaces the active one)."""
     import subprocess
+
+    if module._GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon kernels are not defined under this Triton: {module._GLUON_IMPORT_ERROR}")
 
     root = Path(__file__).resolve().parent.parent
     tool = root / "benchmarks" / "gluon_offline_compile.py"
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     # (this tree first, then what the caller's path holds: a GPU machine's wheels live there)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    for module in ("deepseek_v3_tp8.py", "deepseek_v3_tp8_fp8.py"):
+    for name in ("deepseek_v3_tp8.py", "deepseek_v3_tp8_fp8.py"):
         done = subprocess.run(
-            [sys.executable, str(tool), str(root / "generated" / module), *flags],
+            [sys.executable, str(tool), str(root / "generated" / name), *flags],
             capture_output=True, text=True, env=env, timeout=600,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
