@@ -12,6 +12,8 @@ import sys
 
 import tomllib
 
+if len(sys.argv) != 2:
+    sys.exit("usage: python3 scripts/editable_metadata.py DIR  (DIR: a site folder on PYTHONPATH)")
 root = pathlib.Path(__file__).resolve().parent.parent
 project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
 version = re.search(r'__version__\s*=\s*"([^"]+)"', (root / "mlagen_compiler" / "_version.py").read_text())[1]
