@@ -629,6 +629,57 @@ def _launch_prepared(launches, inputs, addresses):
         launch.launch(inputs)
 
 
+class _Recorded(list):
+    """Stands in for _launch in a checked call whose launches may be prepared for later calls of its layout: each
+    launch goes through _launch and is kept (its arguments); prepare() makes them _PreparedLaunch of the call."""
+
+    def __call__(self, kernel, grid, *args, num_warps, num_stages=None, **constexprs):
+        _launch(kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **constexprs)
+        self.append((kernel, grid, args, constexprs, num_warps, num_stages))
+
+    def prepare(self, inputs):
+        """The launches as _PreparedLaunch of the call's `inputs` (nothing owned), or None where one is not
+        reusable."""
+        launches = [
+            _PreparedLaunch(kernel, grid, inputs, (), args, constexprs, num_warps, num_stages)
+            for kernel, grid, args, constexprs, num_warps, num_stages in self
+        ]
+        return launches if all(launch.reusable for launch in launches) else None
+
+
+def layout_signature(tensors, addresses):
+    """The layouts of a call's tensors (None where absent; addresses: their data_ptr()): shape, strides, dtype,
+    device and address modulo 16 of each (_layout, the address read once; what a _PreparedLaunch depends on of
+    them). decode_signature writes its out flat: the decode's per-call path is the shorter one."""
+    return tuple(
+        [
+            None if tensor is None else (tensor.shape, tensor.stride(), tensor.dtype, tensor.device, address & 15)
+            for tensor, address in zip(tensors, addresses, strict=True)
+        ]
+    )
+
+
+def _span_length(tensor):
+    """The bytes a tensor's elements span (_byte_span): fixed by its layout."""
+    start, end = _byte_span(tensor)
+    return end - start
+
+
+def _spans_apart(addresses, lengths, written):
+    """Whether the tensors at positions `written` (outputs; None: absent) share no byte with any other of a call's
+    tensors (addresses, lengths: their data_ptr() and _span_lengths, all on one device): _check_no_overlap's
+    comparison, for tensors of a layout already checked."""
+    for w in written:
+        start = addresses[w]
+        if start is None:
+            continue
+        end = start + lengths[w]
+        for other, (other_start, length) in enumerate(zip(addresses, lengths, strict=True)):
+            if other != w and other_start is not None and start < other_start + length and other_start < end:
+                return False
+    return True
+
+
 # ---- launching below Triton's launcher ---------------------------------------------------------------
 
 #: Triton releases whose CUDA launcher the raw launch (_RawLaunch) was written against, read in their source
@@ -2024,13 +2075,14 @@ def gluon_prefill_tma_ok(tensor, head_dim):
 
 
 def launch_prefill_gluon(
-    m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None, config=None
+    m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None, config=None, launch=None
 ):
     """One launch of the module's _mla_prefill_gluon_kernel (arguments already checked; lse may be None). A tensor
     TMA cannot address is copied into a dense one first; no key at all (an empty prefix batch) takes the portable
     kernel, which only writes zeros and -inf then. sections: of the tile order (default: prefill_sections's; 1:
     row blocks outermost). config: (block_n, stages) of PREFILL_GLUON_SPACE (default: the device's tuned one for
-    the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT)."""
+    the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT). launch: what issues it
+    (default _launch; a checked mla_prefill's _Recorded)."""
     if config is None:
         config = m.tuned_config(
             m.PREFILL_TUNED, m._gpu_key(q.device), m.prefill_gluon_bucket(causal), m.PREFILL_GLUON_DEFAULT
@@ -2054,6 +2106,7 @@ def launch_prefill_gluon(
             causal,
             m.PREFILL_INTERPRETER_CONFIG,
             use_tma=False,
+            launch=launch,
         )
         return
     dn, dr, dv, heads = m.QK_NOPE_HEAD_DIM, m.QK_ROPE_HEAD_DIM, m.V_HEAD_DIM, m.NUM_HEADS
@@ -2080,7 +2133,7 @@ def launch_prefill_gluon(
         )
     # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that)
     # fmt: off
-    _launch(
+    (_launch if launch is None else launch)(
         m._mla_prefill_gluon_kernel, (pairs * m_blocks,),
         q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc, out, lse if lse is not None else out, cu_q, cu_k,
         scale * LOG2E, out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
@@ -2147,16 +2200,21 @@ def _checked_prefill_config(m, backend, config):
     return _check_prefill_gluon_config(m, config) if backend == "gluon" else check_prefill_config(config)
 
 
-def _launch_prefill_on(m, backend, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config):
+def _launch_prefill_on(
+    m, backend, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config, launch=None
+):
     """One prefill launch on the chosen backend. config: a forced one of that backend's kind (checked:
     _checked_prefill_config), or None: the device's tuned one for the launch's bucket (the portable kernel's
-    "causal" or "prefix", the Gluon kernel's "gluon-causal" or "gluon-prefix"), else the default."""
+    "causal" or "prefix", the Gluon kernel's "gluon-causal" or "gluon-prefix"), else the default. launch: what
+    issues it (default _launch; a checked mla_prefill's _Recorded)."""
     if backend == "gluon":
-        m._launch_prefill_gluon(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config=config)
+        m._launch_prefill_gluon(
+            q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config=config, launch=launch
+        )
     else:
         if config is None:
             config = prefill_config(m, q.device, "causal" if causal else "prefix")
-        launch_prefill(m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config)
+        launch_prefill(m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config, launch=launch)
 
 
 def _check_cu_seqlens(cu_seqlens, name, device):
@@ -2193,15 +2251,18 @@ def _key_descriptors(m, k_nope, k_pe, v, block_n):
     return kn, kr, vd
 
 
-def launch_prefill(m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config, use_tma=None):
-    """One launch of the module's _mla_prefill_kernel (arguments already checked). lse may be None."""
+def launch_prefill(
+    m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, config, use_tma=None, launch=None
+):
+    """One launch of the module's _mla_prefill_kernel (arguments already checked). lse may be None. launch: what
+    issues it (default _launch; a checked mla_prefill's _Recorded)."""
     batch = cu_q.shape[0] - 1
     block_m, block_n, num_warps, num_stages = config
     if max_seqlen_q == 0:
         return
     kn_desc, kr_desc, v_desc = _key_descriptors(m, k_nope, k_pe, v, block_n) if use_tma is not False else (None,) * 3
     grid = (cdiv(max_seqlen_q, block_m), batch * m.NUM_HEADS)
-    _launch(
+    (_launch if launch is None else launch)(
         m._mla_prefill_kernel,
         grid,
         q,
@@ -2324,11 +2385,90 @@ def mla_prefill(
     (block_n, stages) of PREFILL_GLUON_SPACE.
     validate: check cu_seqlens and max_seqlen against the tokens (default: on for CPU tensors or with
     MLAGEN_VALIDATE=1; on the GPU it costs a synchronisation, and the values are the caller's contract).
+
+    The first call with tensors of a given layout checks everything and prepares its launch (mla_prefill_checked);
+    later calls of that layout and those scalars (prefill_signature) only put their tensors in
+    (mla_prefill_prepared). While torch.compile traces it, the call is the module's prefill op.
     """
     if compiling():
         return mla_prefill_traced(
             m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, return_lse, out, lse, config, validate
         )
+    arguments = (m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, return_lse, out, lse, config, validate)
+    outputs = mla_prefill_prepared(*arguments) if _options().direct_launch else None
+    if outputs is None:
+        outputs = mla_prefill_checked(*arguments)
+    return outputs if return_lse else outputs[0]
+
+
+#: positions of out and lse among a prefill call's tensors (q, k_nope, k_pe, v, cu_seqlens, out, lse)
+_PREFILL_OUTPUTS = (5, 6)
+
+
+def prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config):
+    """What a prefill call's launch depends on besides where its tensors are: the layouts (layout_signature) of
+    its tensors (q, k_nope, k_pe, v, cu_seqlens, out, lse; out / lse not given count as such: the call allocates
+    them), max_seqlen (the grid), softmax_scale and config as given, return_lse, and the options in force (the
+    backend, TMA, direct and raw launch are theirs). The rest follows from these: the backend from the options,
+    the device (its capability) and whether a config is given; tuned configurations and the L2 size from the
+    device; descriptors and copies from the layouts."""
+    return (*layout_signature(inputs, addresses), max_seqlen, softmax_scale, return_lse, config, _options())
+
+
+def mla_prefill_prepared(
+    m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, return_lse, out, lse, config, validate
+):
+    """mla_prefill's per-call path: (out, lse) of a call whose tensors and scalars have the signature
+    (prefill_signature) of an earlier, fully checked call: its launch with this call's tensors. Checked again:
+    index values where validating, and given out / lse against the call's other tensors' memory (addresses
+    change; the layouts were checked). None where there is no such call, or the arguments are of a kind the
+    checks would reject or an output overlaps: mla_prefill then checks everything (mla_prefill_checked)."""
+    if (
+        not (softmax_scale is None or type(softmax_scale) is float)
+        or type(max_seqlen) is not int
+        or type(return_lse) is not bool
+        or not (config is None or (type(config) is tuple and all(type(value) is int for value in config)))
+    ):
+        return None
+    inputs = [q, k_nope, k_pe, v, cu_seqlens, out, lse]
+    try:
+        addresses = [None if tensor is None else tensor.data_ptr() for tensor in inputs]
+        signature = prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config)
+    except (AttributeError, TypeError, RuntimeError):  # not tensors (or none with memory): the checks say what
+        return None
+    prepared = m._PREFILL_LAUNCHES.get(signature)
+    if not prepared:  # (None: seen once; False: not reusable)
+        return None
+    launches, out_layout, lse_layout, lengths = prepared
+    device = q.device
+    if _validating(validate, device):
+        _validate_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
+    if (out is not None or lse is not None) and not _spans_apart(addresses, lengths, _PREFILL_OUTPUTS):
+        return None  # (the checks name the overlap)
+    if out is None:
+        inputs[5] = out = torch.empty_strided(*out_layout, dtype=m.DTYPE, device=device)
+        addresses[5] = out.data_ptr()
+    if lse is None and return_lse:
+        inputs[6] = lse = torch.empty_strided(*lse_layout, dtype=torch.float32, device=device)
+        addresses[6] = lse.data_ptr()
+    if launches:
+        _launch_prepared(launches, inputs, addresses)
+    return out, lse
+
+
+def mla_prefill_checked(
+    m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, return_lse, out, lse, config, validate
+):
+    """mla_prefill where no launch prepared by an earlier call fits: every argument checked, the launch prepared
+    (kept in m._PREFILL_LAUNCHES for later calls of this signature where it can be reused) and issued."""
+    signature = None
+    if _options().direct_launch:  # (of the call as given: out / lse it allocates count as not given)
+        inputs = (q, k_nope, k_pe, v, cu_seqlens, out, lse)
+        try:
+            addresses = [None if tensor is None else tensor.data_ptr() for tensor in inputs]
+            signature = prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config)
+        except (AttributeError, TypeError, RuntimeError):  # not tensors: the checks below say what
+            pass
     num_tokens = _check_mha_inputs(m, q, k_nope, k_pe, v)
     device = q.device
     _check_flag(return_lse, "return_lse")
@@ -2344,10 +2484,34 @@ def mla_prefill(
     backend, _ = prefill_backend(m, device, knobs_given=config is not None)
     config = _checked_prefill_config(m, backend, config)
     scale = resolve_softmax_scale(m, softmax_scale)
+    recorded = _Recorded()
     _launch_prefill_on(
-        m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config
+        m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, out, lse, scale, True, config, recorded
     )
-    return (out, lse) if return_lse else out
+    if signature is not None:
+        _keep_prefill_launches(m, signature, recorded, (q, k_nope, k_pe, v, cu_seqlens, out, lse))
+    return out, lse
+
+
+def _keep_prefill_launches(m, signature, recorded, inputs):
+    """Keep a checked prefill call's launches (recorded) in m._PREFILL_LAUNCHES for later calls of its signature:
+    on the second call of a signature (the first only marks it seen: calls whose token count changes every time
+    pay no preparation), with the layouts of the outputs it allocated and the bytes each tensor spans; False where
+    a launch is not reusable (a per-call copy): later calls of the signature are checked, nothing prepared."""
+    kept = m._PREFILL_LAUNCHES
+    if signature not in kept:
+        if len(kept) >= 64:  # signatures that never repeat (e.g. a new token count each call): bounded
+            kept.clear()
+        kept[signature] = None
+        return
+    if kept[signature] is not None:  # (False; or prepared, where the per-call path declined this call)
+        return
+    launches = recorded.prepare(inputs)
+    if launches is None:
+        kept[signature] = False
+        return
+    layouts = [(tuple(tensor.shape), tensor.stride()) if tensor is not None else None for tensor in inputs[5:]]
+    kept[signature] = (launches, *layouts, tuple(None if t is None else _span_length(t) for t in inputs))
 
 
 def merge_attn_states(
