@@ -1,0 +1,221 @@
+"""mla_prefill's launches prepared once per signature (runtime.prefill_signature, mla_prefill_prepared).
+
+A call whose tensors and scalars have the signature of an earlier, fully checked call skips the checks and only
+puts its tensors into the prepared launch: these tests pin that it launches exactly what the checked path would
+(kernel, grid, every argument and constexpr, descriptors made on this call's tensors), for both backends (the
+Gluon kernel's launch is captured, not run: the interpreter does not run Gluon), that what depends on values is
+still checked, and that anything new sends a call back to the checks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import import_source
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+
+from mlagen_compiler import runtime
+from mlagen_compiler.module_file import module_source
+from mlagen_compiler.options import use_options
+from mlagen_compiler.registry import resolve_spec
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    spec = resolve_spec("deepseek-v3-tp8")
+    return import_source(module_source(spec), tmp_path_factory.mktemp("prefill_prepared"), "prefill_prepared")
+
+
+def _tensors(module, lengths, *, k_pe_of_rows=False, misaligned_q=False, seed=0):
+    """q, k_nope, k_pe, v, cu_seqlens of packed sequences of `lengths` (fresh memory each call). k_pe_of_rows: a
+    column slice of latent rows (strided); misaligned_q: q one element into its buffer (not 16-byte aligned)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens, heads = sum(lengths), module.NUM_HEADS
+    dn, dr, dv, dc = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
+    q_shape = (tokens, heads, dn + dr)
+    if misaligned_q:
+        q = torch.randn(tokens * heads * (dn + dr) + 1, generator=g).to(module.DTYPE)[1:].view(q_shape)
+    else:
+        q = torch.randn(q_shape, generator=g).to(module.DTYPE)
+    k_nope = torch.randn(tokens, heads, dn, generator=g).to(module.DTYPE)
+    if k_pe_of_rows:
+        k_pe = torch.randn(tokens, dc + dr, generator=g).to(module.DTYPE)[:, dc:]
+    else:
+        k_pe = torch.randn(tokens, dr, generator=g).to(module.DTYPE)
+    v = torch.randn(tokens, heads, dv, generator=g).to(module.DTYPE)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k_nope, k_pe, v, cu
+
+
+def _normal(value):
+    """A launch argument as compared: a tensor by where and how it lies, a descriptor by its fields and base."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.data_ptr(), tuple(value.shape), value.stride(), value.dtype)
+    if hasattr(value, "block_shape"):
+        fields = {name: field for name, field in vars(value).items() if name != "base"}
+        return ("descriptor", type(value), _normal(value.base), repr(sorted(fields.items())))
+    return value
+
+
+@pytest.fixture
+def dispatched(monkeypatch):
+    """Every launch that reaches Triton's dispatch (the interpreter's only way), as (kernel, grid, {argument name:
+    normalised value, launch options included}); the kernels do not run."""
+    launches = []
+
+    def record(kernel, grid, args, options):
+        named = dict(zip(kernel.arg_names, args, strict=False))
+        named.update(options)
+        launches.append((kernel, runtime._grid3(grid), {name: _normal(value) for name, value in named.items()}))
+
+    monkeypatch.setattr(runtime, "_dispatch", record)
+    return launches
+
+
+@pytest.fixture
+def checked_calls(monkeypatch):
+    """How many calls took the checked path."""
+    calls = []
+    checked = runtime.mla_prefill_checked
+
+    def counting(*args):
+        calls.append(args)
+        return checked(*args)
+
+    monkeypatch.setattr(runtime, "mla_prefill_checked", counting)
+    return calls
+
+
+def _gluon(module, monkeypatch):
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    monkeypatch.setattr(runtime, "prefill_backend", lambda m, device=None, requested=None, **knobs: ("gluon", ""))
+
+
+@pytest.mark.parametrize("backend", ["triton", "gluon"])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # (the test clears what they record)
+@given(data=st.data())
+def test_a_prepared_call_launches_what_the_checked_path_launches(
+    module, backend, data, dispatched, checked_calls, monkeypatch
+):
+    if backend == "gluon":
+        _gluon(module, monkeypatch)
+    lengths = data.draw(st.lists(st.integers(0, 300), min_size=1, max_size=3), label="lengths")
+    layout = data.draw(
+        st.fixed_dictionaries({"k_pe_of_rows": st.booleans(), "misaligned_q": st.booleans()}), label="layout"
+    )
+    return_lse = data.draw(st.booleans(), label="return_lse")
+    give_out, give_lse = data.draw(st.booleans(), label="out given"), data.draw(st.booleans(), label="lse given")
+    scale = data.draw(st.sampled_from([None, 0.0625]), label="softmax_scale")
+    tma = data.draw(st.booleans(), label="prefill_tma")
+    config = None if backend == "gluon" else data.draw(st.sampled_from([None, (16, 32, 4, 1)]), label="config")
+    max_seqlen = max(lengths)
+    tokens, heads = sum(lengths), module.NUM_HEADS
+
+    def call(seed):
+        q, k_nope, k_pe, v, cu = _tensors(module, lengths, seed=seed, **layout)
+        out = torch.empty(tokens, heads, module.V_HEAD_DIM, dtype=module.DTYPE) if give_out else None
+        lse = torch.empty(heads, tokens, dtype=torch.float32) if give_lse else None
+        result = module.mla_prefill(
+            q, k_nope, k_pe, v, cu, max_seqlen, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse,
+            config=config, validate=False,
+        )  # fmt: skip
+        return (q, k_nope, k_pe, v, cu, out, lse), result
+
+    module._PREFILL_LAUNCHES.clear()
+    with use_options(prefill_tma=tma):
+        call(0)  # (seen)
+        call(1)  # (prepared)
+        dispatched.clear()
+        checked_calls.clear()
+        tensors, result = call(2)
+        fast, took_checks = list(dispatched), bool(checked_calls)
+        note(f"checked: {took_checks}, launches: {len(fast)}")
+        # the checked path's launch with the same tensors (and outputs, as the fast path allocated them)
+        out = tensors[5] if give_out else result[0] if return_lse else result
+        lse = tensors[6] if give_lse else result[1] if return_lse else None
+        dispatched.clear()
+        with use_options(direct_launch=False):
+            module.mla_prefill(
+                *tensors[:5], max_seqlen, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse, config=config,
+                validate=False,
+            )  # fmt: skip
+    # taken for every layout but a per-call copy (the Gluon kernel's misaligned q: both calls checked, each
+    # launching a descriptor of its own copy)
+    copied = backend == "gluon" and layout["misaligned_q"] and max_seqlen > 0
+    assert took_checks == copied
+    assert [launch[:2] for launch in fast] == [launch[:2] for launch in dispatched]
+    for (_, _, got), (_, _, want) in zip(fast, dispatched, strict=True):
+        assert {name: value for name, value in got.items() if value != want[name]} == {} or copied
+
+
+def test_a_prepared_call_gives_the_checked_calls_results(module, checked_calls):
+    module._PREFILL_LAUNCHES.clear()
+    lengths = (37, 5)
+    for seed in range(3):
+        q, k_nope, k_pe, v, cu = _tensors(module, lengths, seed=seed, k_pe_of_rows=True)
+        got, got_lse = module.mla_prefill(q, k_nope, k_pe, v, cu, 37, return_lse=True)
+        with use_options(direct_launch=False):
+            want, want_lse = module.mla_prefill(q, k_nope, k_pe, v, cu, 37, return_lse=True)
+        assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+        assert got.is_contiguous() and got_lse.is_contiguous() and got.data_ptr() != want.data_ptr()
+    assert len(checked_calls) == 5  # (all but the third call's: the prepared launch)
+
+
+def _warm(module, tensors, max_seqlen, **kwargs):
+    module._PREFILL_LAUNCHES.clear()
+    for _ in range(2):
+        module.mla_prefill(*tensors, max_seqlen, **kwargs)
+
+
+def test_a_prepared_call_still_validates_index_values(module, dispatched):
+    tensors = _tensors(module, (8, 8))
+    _warm(module, tensors, 8, validate=True)
+    bad = torch.tensor([0, 9, 16], dtype=torch.int32)
+    dispatched.clear()
+    with pytest.raises(ValueError, match=r"^max_seqlen: 8 is less than the longest sequence \(9 tokens\)$"):
+        module.mla_prefill(*tensors[:4], bad, 8, validate=True)
+    assert not dispatched
+
+
+def test_a_given_output_is_checked_against_the_inputs_every_call(module, dispatched):
+    q, k_nope, k_pe, v, cu = _tensors(module, (8,))
+    out = torch.empty(8, module.NUM_HEADS, module.V_HEAD_DIM, dtype=module.DTYPE)
+    _warm(module, (q, k_nope, k_pe, v, cu), 8, out=out)
+    dispatched.clear()
+    # the same layout, its memory now v's
+    with pytest.raises(ValueError, match="^out: overlaps v in memory: give out memory of its own$"):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 8, out=v)
+    assert not dispatched
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (dict(config=(16, 32, 4, True)), "^config: expected"),
+        (dict(softmax_scale=float("nan")), "^softmax_scale: must be a finite number"),
+        (dict(return_lse=1), "^return_lse: "),
+        (dict(max_seqlen=9), r"^max_seqlen: 9 is more than the number of tokens \(8\)"),
+        (dict(validate="yes"), "^validate: expected None, True or False"),
+    ],
+)
+def test_a_scalar_the_checks_reject_is_rejected_after_warm_up(module, change, match):
+    tensors = _tensors(module, (8,))
+    _warm(module, tensors, 8, config=(16, 32, 4, 1))
+    arguments = dict(config=(16, 32, 4, 1), max_seqlen=8) | change
+    with pytest.raises(ValueError, match=match):
+        module.mla_prefill(*tensors, **arguments)
+
+
+def test_the_signature_keys_on_the_options_in_force(module, dispatched, checked_calls):
+    tensors = _tensors(module, (40,))
+    _warm(module, tensors, 40)
+    with use_options(prefill_tma=False):
+        checked_calls.clear()
+        module.mla_prefill(*tensors, 40)
+        assert checked_calls  # another signature: checked
+    dispatched.clear()
+    checked_calls.clear()
+    module.mla_prefill(*tensors, 40)
+    assert not checked_calls and dispatched[-1][2]["USE_TMA"] is True
