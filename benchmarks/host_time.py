@@ -16,6 +16,15 @@ cache on the same schedule), and B <= 8 cases are also compared with the float64
 
 --profile LABEL: cProfile of that module's calls with schedule= (top functions by own time).
 --parts LABEL: that module's per-call pieces timed alone (signature, allocations, each launch).
+
+--kind prefill: host time per mla_prefill call instead (B sequences of --seqlen tokens, H of the module; per
+--backend, bare back-to-back calls with validate=False, median and min of --samples samples of --calls calls).
+On the GPU the launch runs; with --stub-launch (any machine, e.g. a CPU under TRITON_INTERPRET=1) the final
+launch is stubbed (runtime._launch, and the prepared path's _launch_prepared where the runtime has one), so the
+time is the host path alone:
+
+    TRITON_INTERPRET=1 python benchmarks/host_time.py --kind prefill --module after=generated/deepseek_v3_tp8.py \
+        --batch 1 --seqlen 4096 --stub-launch [--calls 2000] [--profile after]
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import os
 import pstats
 import statistics
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -142,8 +152,71 @@ def parts(module, q, kv, table, lens, schedule, out, lse, calls: int) -> None:
         print(flush=True)
 
 
+def prefill_host_time(args, modules: dict, chosen: dict) -> None:
+    """--kind prefill: host us per bare mla_prefill call of each module, per backend and batch (see the docstring)."""
+    on_gpu = torch.cuda.is_available() and not args.stub_launch
+    device = torch.device("cuda" if on_gpu else "cpu")
+    synchronize = torch.cuda.synchronize if on_gpu else (lambda: None)
+    if args.stub_launch:
+        runtime._launch = lambda *_, **__: None
+        if hasattr(runtime, "_launch_prepared"):
+            runtime._launch_prepared = lambda *_: None
+
+    def per_call(call):
+        synchronize()
+        start = time.perf_counter()
+        for _ in range(args.calls):
+            call()
+        elapsed = time.perf_counter() - start
+        synchronize()
+        return elapsed / args.calls * 1e6
+
+    for backend in args.backend:
+        for batch in args.batch:
+            calls = {}
+            for label, module in modules.items():
+                set_options(replace(chosen[label], prefill_backend=backend))
+                gen = torch.Generator().manual_seed(0)
+                tokens, heads = batch * args.seqlen, module.NUM_HEADS
+                dn, dr, dv = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+                tensors = [
+                    torch.randn(shape, generator=gen).to(module.DTYPE).to(device)
+                    for shape in ((tokens, heads, dn + dr), (tokens, heads, dn), (tokens, dr), (tokens, heads, dv))
+                ]
+                cu = torch.arange(0, tokens + 1, args.seqlen, dtype=torch.int32, device=device)
+
+                def call(m=module, t=tuple(tensors), cu=cu):
+                    m.mla_prefill(*t, cu, args.seqlen, validate=False)
+
+                for _ in range(20):
+                    call()
+                calls[label] = call
+            times = {label: [] for label in modules}
+            for _ in range(args.samples):  # interleaved: drift hits every module alike
+                for label, call in calls.items():
+                    set_options(replace(chosen[label], prefill_backend=backend))
+                    times[label].append(per_call(call))
+            for label, samples in times.items():
+                print(
+                    f"prefill {backend} B{batch} S{args.seqlen} {label}: {statistics.median(samples):.1f} us/call "
+                    f"(min {min(samples):.1f}){' (launch stubbed)' if args.stub_launch else ''}",
+                    flush=True,
+                )
+            for label in args.profile:
+                set_options(replace(chosen[label], prefill_backend=backend))
+                profiler = cProfile.Profile()
+                profiler.enable()
+                for _ in range(args.calls):
+                    calls[label]()
+                profiler.disable()
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(16)
+    reload_options()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kind", choices=["decode", "prefill"], default="decode")
+    parser.add_argument("--stub-launch", action="store_true", help="prefill: stub the final launch (host path only)")
     parser.add_argument("--module", action="append", required=True, help="LABEL=PATH[:VAR=VALUE,...]")
     parser.add_argument("--batch", type=int, nargs="+", default=[1])
     parser.add_argument("--seqlen", type=int, default=8192)
@@ -158,6 +231,9 @@ def main() -> None:
         label, path, env = parse_module(text)
         modules[label] = load(label, path, env)
         chosen[label] = Options.from_env({**os.environ, **env})
+    if args.kind == "prefill":
+        prefill_host_time(args, modules, chosen)
+        return
     first = next(iter(modules.values()))
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, modules: {', '.join(args.module)}", flush=True)
     rows, failures = [], 0
