@@ -912,12 +912,12 @@ def test_gluon_prefill_buckets_where_the_gluon_prefill_runs(tmp_path, monkeypatc
     seen = []
 
     def gluon_stand_in(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None,
-                       config=None):  # fmt: skip
+                       config=None, launch=None):  # fmt: skip
         seen.append((causal, k_nope.shape[0], tuple(config)))
         with monkeypatch.context() as interpreting:
             interpreting.setattr(module, "_INTERPRET", True)  # (the interpreter's upcast dots)
             module._launch_prefill(q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal,
-                                   module.PREFILL_INTERPRETER_CONFIG)  # fmt: skip
+                                   module.PREFILL_INTERPRETER_CONFIG, launch=launch)  # fmt: skip
 
     monkeypatch.setattr(module, "_launch_prefill_gluon", gluon_stand_in)
     config = plan.space[-1]
