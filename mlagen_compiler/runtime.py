@@ -2423,19 +2423,10 @@ def mla_prefill_prepared(
     index values where validating, and given out / lse against the call's other tensors' memory (addresses
     change; the layouts were checked). None where there is no such call, or the arguments are of a kind the
     checks would reject or an output overlaps: mla_prefill then checks everything (mla_prefill_checked)."""
-    if (
-        not (softmax_scale is None or type(softmax_scale) is float)
-        or type(max_seqlen) is not int
-        or type(return_lse) is not bool
-        or not (config is None or (type(config) is tuple and all(type(value) is int for value in config)))
-    ):
+    if not _prepared_scalars(max_seqlen, softmax_scale, return_lse, config):
         return None
     inputs = [q, k_nope, k_pe, v, cu_seqlens, out, lse]
-    try:
-        addresses = [None if tensor is None else tensor.data_ptr() for tensor in inputs]
-        signature = prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config)
-    except (AttributeError, TypeError, RuntimeError):  # not tensors (or none with memory): the checks say what
-        return None
+    addresses, signature = _call_signature(inputs, prefill_signature, max_seqlen, softmax_scale, return_lse, config)
     prepared = m._PREFILL_LAUNCHES.get(signature)
     if not prepared:  # (None: seen once; False: not reusable)
         return None
@@ -2443,17 +2434,48 @@ def mla_prefill_prepared(
     device = q.device
     if _validating(validate, device):
         _validate_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
+    if not _prepared_outputs(m, inputs, addresses, lengths, out_layout, lse_layout, return_lse, device):
+        return None  # (an overlap: the checks name it)
+    if launches:
+        _launch_prepared(launches, inputs, addresses)
+    return inputs[5], inputs[6]
+
+
+def _call_signature(inputs, signature, *scalars):
+    """A call's tensors' data_ptr() (None where absent) and its signature (signature(inputs, addresses, *scalars)),
+    or (None, None) where they are not tensors (or one has no memory): the checks say what."""
+    try:
+        addresses = [None if tensor is None else tensor.data_ptr() for tensor in inputs]
+        return addresses, signature(inputs, addresses, *scalars)
+    except (AttributeError, TypeError, RuntimeError):
+        return None, None
+
+
+def _prepared_scalars(max_seqlen, softmax_scale, return_lse, config):
+    """Whether a prefill call's scalars are of the kinds a prepared call may have (its signature holds their
+    values, which a checked call accepted; a kind the checks reject, e.g. True for 1, must go back to them)."""
+    return (
+        (softmax_scale is None or type(softmax_scale) is float)
+        and type(max_seqlen) is int
+        and type(return_lse) is bool
+        and (config is None or (type(config) is tuple and all(type(value) is int for value in config)))
+    )
+
+
+def _prepared_outputs(m, inputs, addresses, lengths, out_layout, lse_layout, return_lse, device):
+    """A prepared prefill call's outputs, out and lse (_PREFILL_OUTPUTS of its inputs; addresses: the given
+    tensors' data_ptr()), filled in where the call allocates them, in the layouts the checked call allocated; False
+    where a given one overlaps another of the call's given tensors (lengths: the bytes each spans)."""
+    out, lse = inputs[5], inputs[6]
     if (out is not None or lse is not None) and not _spans_apart(addresses, lengths, _PREFILL_OUTPUTS):
-        return None  # (the checks name the overlap)
+        return False
     if out is None:
         inputs[5] = out = torch.empty_strided(*out_layout, dtype=m.DTYPE, device=device)
         addresses[5] = out.data_ptr()
     if lse is None and return_lse:
         inputs[6] = lse = torch.empty_strided(*lse_layout, dtype=torch.float32, device=device)
         addresses[6] = lse.data_ptr()
-    if launches:
-        _launch_prepared(launches, inputs, addresses)
-    return out, lse
+    return True
 
 
 def mla_prefill_checked(
@@ -2464,11 +2486,7 @@ def mla_prefill_checked(
     signature = None
     if _options().direct_launch:  # (of the call as given: out / lse it allocates count as not given)
         inputs = (q, k_nope, k_pe, v, cu_seqlens, out, lse)
-        try:
-            addresses = [None if tensor is None else tensor.data_ptr() for tensor in inputs]
-            signature = prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config)
-        except (AttributeError, TypeError, RuntimeError):  # not tensors: the checks below say what
-            pass
+        signature = _call_signature(inputs, prefill_signature, max_seqlen, softmax_scale, return_lse, config)[1]
     num_tokens = _check_mha_inputs(m, q, k_nope, k_pe, v)
     device = q.device
     _check_flag(return_lse, "return_lse")
@@ -2493,11 +2511,16 @@ def mla_prefill_checked(
     return out, lse
 
 
-def _keep_prefill_launches(m, signature, recorded, inputs):
+def _keep_prefill_launches(m, signature, recorded, inputs, given=None):
     """Keep a checked prefill call's launches (recorded) in m._PREFILL_LAUNCHES for later calls of its signature:
     on the second call of a signature (the first only marks it seen: calls whose token count changes every time
-    pay no preparation), with the layouts of the outputs it allocated and the bytes each tensor spans; False where
-    a launch is not reusable (a per-call copy): later calls of the signature are checked, nothing prepared."""
+    pay no preparation), with the layouts of the outputs it allocated (out, lse: _PREFILL_OUTPUTS of inputs) and
+    the bytes each of the first `given` inputs spans (default all: the call's own tensors, checked for overlap;
+    the rest are its temporaries); False where a launch is not reusable (a per-call copy): later calls of the
+    signature are checked, nothing prepared. A call passing one tensor twice prepares nothing (a launch finds
+    its tensors among the inputs by identity: a later call's two tensors would get one slot)."""
+    if len({id(tensor) for tensor in inputs if tensor is not None}) < sum(tensor is not None for tensor in inputs):
+        return
     kept = m._PREFILL_LAUNCHES
     if signature not in kept:
         if len(kept) >= 64:  # signatures that never repeat (e.g. a new token count each call): bounded
@@ -2510,8 +2533,9 @@ def _keep_prefill_launches(m, signature, recorded, inputs):
     if launches is None:
         kept[signature] = False
         return
-    layouts = [(tuple(tensor.shape), tensor.stride()) if tensor is not None else None for tensor in inputs[5:]]
-    kept[signature] = (launches, *layouts, tuple(None if t is None else _span_length(t) for t in inputs))
+    layouts = [(tuple(tensor.shape), tensor.stride()) if tensor is not None else None for tensor in inputs[5:7]]
+    spans = tuple(None if t is None else _span_length(t) for t in inputs[:given])
+    kept[signature] = (launches, *layouts, spans)
 
 
 def merge_attn_states(
@@ -2552,8 +2576,16 @@ def merge_attn_states(
             ("suffix_lse", suffix_lse),
         ),
     )
+    _launch_merge(m, out, out_lse, prefix_output, prefix_lse, suffix_output, suffix_lse)
+    return (out, out_lse) if return_lse else out
+
+
+def _launch_merge(m, out, out_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, launch=None):
+    """The merge kernel's launch (merge_attn_states's, arguments checked; out_lse may be None). launch: what
+    issues it (default _launch; a checked chunked prefill's _Recorded)."""
+    num_tokens = out.shape[0]
     if num_tokens > 0:
-        _launch(
+        (_launch if launch is None else launch)(
             m._merge_attn_states_kernel,
             (cdiv(num_tokens, m.PREFILL_MERGE_BLOCK_T), m.NUM_HEADS),
             out,
@@ -2578,7 +2610,6 @@ def merge_attn_states(
             STORE_LSE=out_lse is not None,
             num_warps=4,
         )
-    return (out, out_lse) if return_lse else out
 
 
 def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale=None):
@@ -2650,12 +2681,118 @@ def mla_chunked_prefill(
     validate: as in mla_prefill, and prefix_lens within the block table, its pages within the cache, their
     sum equal to num_prefix_tokens.
     config: as in mla_prefill, for both launches (default: each launch's tuned one, prefix and causal).
+
+    The first calls with tensors of a given layout check everything and prepare the launches (prefix attention,
+    new-token attention, merge: mla_chunked_prefill_checked); later calls of that layout, num_prefix_tokens and
+    those scalars (chunked_prefill_signature) only expand their prefix and put their tensors and temporaries in
+    (mla_chunked_prefill_prepared). While torch.compile traces it, the call is the module's chunked prefill op.
     """
     if compiling():
         return mla_chunked_prefill_traced(
             m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv,
             softmax_scale, kv_scale, return_lse, out, lse, config, validate, num_prefix_tokens,
         )  # fmt: skip
+    arguments = (
+        m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv,
+        softmax_scale, kv_scale, return_lse, out, lse, config, validate, num_prefix_tokens,
+    )  # fmt: skip
+    outputs = mla_chunked_prefill_prepared(*arguments) if _options().direct_launch else None
+    if outputs is None:
+        outputs = mla_chunked_prefill_checked(*arguments)
+    return outputs if return_lse else outputs[0]
+
+
+def chunked_prefill_signature(inputs, addresses, max_seqlen, num_prefix_tokens, softmax_scale, return_lse, config):
+    """What a chunked prefill call's launches depend on besides where its tensors are: prefill_signature's of its
+    tensors (q, k_nope, k_pe, v, cu_seqlens, out, lse, kv_cache, block_table, prefix_lens, w_uk, w_uv) and scalars,
+    and num_prefix_tokens (the expanded prefix's rows: the layouts of the call's temporaries, _chunked_temporaries,
+    follow from it and the tensors' layouts). kv_scale goes into the expansion alone (torch's work, per call)."""
+    signature = prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config)
+    return ("chunked", num_prefix_tokens, *signature)
+
+
+def _chunked_temporaries(m, kv_cache, block_table, prefix_lens, num_prefix_tokens, w_uk, w_uv, kv_scale, num_tokens):
+    """A chunked prefill call's temporaries, made alike by the checked and the prepared call (so of one layout per
+    signature): cu_prefix, the expanded prefix (k_nope, k_pe, v: expand_latent_prefix's gathers and GEMMs), and the
+    fp32 partial outputs and LSEs of the prefix and new-token attentions (NaN with the poison_workspace option)."""
+    device = block_table.device
+    cu_prefix = torch.zeros(prefix_lens.shape[0] + 1, dtype=torch.int32, device=device)
+    cu_prefix[1:] = torch.cumsum(prefix_lens, 0, dtype=torch.int32)
+    pre_k_nope, pre_k_pe, pre_v = expand_latent_prefix(
+        m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale
+    )
+    o_prefix = torch.empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=torch.float32, device=device)
+    lse_prefix = torch.empty((m.NUM_HEADS, num_tokens), dtype=torch.float32, device=device)
+    o_new = torch.empty_like(o_prefix)
+    lse_new = torch.empty_like(lse_prefix)
+    if _options().poison_workspace:
+        for workspace in (o_prefix, lse_prefix, o_new, lse_new):
+            workspace.fill_(float("nan"))
+    return [cu_prefix, pre_k_nope, pre_k_pe, pre_v, o_prefix, lse_prefix, o_new, lse_new]
+
+
+def _validate_chunked(m, q, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, num_prefix_tokens):
+    """A chunked prefill's index values (validating): cu_seqlens and max_seqlen, the prefixes' pages, and
+    num_prefix_tokens (where given) their sum."""
+    _validate_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
+    _validate_pages(block_table, prefix_lens, "prefix_lens", kv_cache.shape[0], m.PAGE_SIZE)
+    total = int(prefix_lens.sum())
+    _check(
+        num_prefix_tokens in (None, total),
+        "num_prefix_tokens",
+        f"{num_prefix_tokens} is not the sum of prefix_lens ({total})",
+    )
+
+
+def mla_chunked_prefill_prepared(
+    m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv, softmax_scale,
+    kv_scale, return_lse, out, lse, config, validate, num_prefix_tokens,
+):  # fmt: skip
+    """mla_chunked_prefill's per-call path: (out, lse) of a call whose tensors and scalars have the signature
+    (chunked_prefill_signature) of an earlier, fully checked call: the prefix expanded and the temporaries made
+    (_chunked_temporaries, as that call made them), then its launches with this call's tensors and temporaries.
+    Checked again: kv_scale (resolve_kv_scale), index values where validating, given out / lse against the call's
+    other tensors' memory. None where there is no such call (num_prefix_tokens not given: always), or the arguments
+    are of a kind the checks would reject or an output overlaps: mla_chunked_prefill then checks everything."""
+    if type(num_prefix_tokens) is not int or not _prepared_scalars(max_seqlen, softmax_scale, return_lse, config):
+        return None
+    inputs = [q, k_nope, k_pe, v, cu_seqlens, out, lse, kv_cache, block_table, prefix_lens, w_uk, w_uv]
+    addresses, signature = _call_signature(
+        inputs, chunked_prefill_signature, max_seqlen, num_prefix_tokens, softmax_scale, return_lse, config
+    )
+    prepared = m._PREFILL_LAUNCHES.get(signature)
+    if not prepared:  # (None: seen once; False: not reusable)
+        return None
+    launches, out_layout, lse_layout, lengths = prepared
+    device = q.device
+    kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
+    if _validating(validate, device):
+        _validate_chunked(m, q, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, num_prefix_tokens)
+    if not _prepared_outputs(m, inputs, addresses, lengths, out_layout, lse_layout, return_lse, device):
+        return None  # (an overlap: the checks name it)
+    temporaries = _chunked_temporaries(
+        m, kv_cache, block_table, prefix_lens, num_prefix_tokens, w_uk, w_uv, kv_scale, q.shape[0]
+    )
+    inputs += temporaries
+    addresses += [tensor.data_ptr() for tensor in temporaries]
+    if launches:
+        _launch_prepared(launches, inputs, addresses)
+    return inputs[5], inputs[6]
+
+
+def mla_chunked_prefill_checked(
+    m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv, softmax_scale,
+    kv_scale, return_lse, out, lse, config, validate, num_prefix_tokens,
+):  # fmt: skip
+    """mla_chunked_prefill where no launches prepared by an earlier call fit: every argument checked, the launches
+    prepared (kept in m._PREFILL_LAUNCHES for later calls of this signature where they can be reused; only where
+    num_prefix_tokens is given) and issued."""
+    signature = None
+    given = (q, k_nope, k_pe, v, cu_seqlens, out, lse, kv_cache, block_table, prefix_lens, w_uk, w_uv)
+    if _options().direct_launch and type(num_prefix_tokens) is int:  # (out / lse it allocates count as not given)
+        signature = _call_signature(
+            given, chunked_prefill_signature, max_seqlen, num_prefix_tokens, softmax_scale, return_lse, config
+        )[1]
     num_tokens = _check_mha_inputs(m, q, k_nope, k_pe, v)
     device = q.device
     _check_flag(return_lse, "return_lse")
@@ -2678,14 +2815,7 @@ def mla_chunked_prefill(
     if num_prefix_tokens is not None:
         _check_host_int(num_prefix_tokens, "num_prefix_tokens")
     if _validating(validate, device):
-        _validate_cu_seqlens(cu_seqlens, num_tokens, max_seqlen)
-        _validate_pages(block_table, prefix_lens, "prefix_lens", kv_cache.shape[0], m.PAGE_SIZE)
-        total = int(prefix_lens.sum())
-        _check(
-            num_prefix_tokens in (None, total),
-            "num_prefix_tokens",
-            f"{num_prefix_tokens} is not the sum of prefix_lens ({total})",
-        )
+        _validate_chunked(m, q, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, num_prefix_tokens)
     if num_prefix_tokens is None:
         prefix = prefix_lens.tolist()  # host sync: the expanded prefix is sized by its total length
         _check(min(prefix) >= 0, "prefix_lens", f"must be >= 0, got {prefix}")
@@ -2707,53 +2837,24 @@ def mla_chunked_prefill(
         ),
     )
     scale = resolve_softmax_scale(m, softmax_scale)
-
-    cu_prefix = torch.zeros(batch + 1, dtype=torch.int32, device=device)
-    cu_prefix[1:] = torch.cumsum(prefix_lens, 0, dtype=torch.int32)
-    pre_k_nope, pre_k_pe, pre_v = expand_latent_prefix(
-        m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale
+    temporaries = _chunked_temporaries(
+        m, kv_cache, block_table, prefix_lens, num_prefix_tokens, w_uk, w_uv, kv_scale, num_tokens
     )
-
-    o_prefix = torch.empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=torch.float32, device=device)
-    lse_prefix = torch.empty((m.NUM_HEADS, num_tokens), dtype=torch.float32, device=device)
-    o_new = torch.empty_like(o_prefix)
-    lse_new = torch.empty_like(lse_prefix)
-    if _options().poison_workspace:
-        for workspace in (o_prefix, lse_prefix, o_new, lse_new):
-            workspace.fill_(float("nan"))
+    cu_prefix, pre_k_nope, pre_k_pe, pre_v, o_prefix, lse_prefix, o_new, lse_new = temporaries
+    recorded = _Recorded()
     _launch_prefill_on(
-        m,
-        backend,
-        q,
-        pre_k_nope,
-        pre_k_pe,
-        pre_v,
-        cu_seqlens,
-        cu_prefix,
-        max_seqlen,
-        o_prefix,
-        lse_prefix,
-        scale,
-        False,
-        config,
-    )
+        m, backend, q, pre_k_nope, pre_k_pe, pre_v, cu_seqlens, cu_prefix, max_seqlen, o_prefix, lse_prefix, scale,
+        False, config, recorded,
+    )  # fmt: skip
     _launch_prefill_on(
-        m,
-        backend,
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens,
-        cu_seqlens,
-        max_seqlen,
-        o_new,
-        lse_new,
-        scale,
-        True,
-        config,
-    )
-    return merge_attn_states(m, o_prefix, lse_prefix, o_new, lse_new, out=out, out_lse=lse, return_lse=return_lse)
+        m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, o_new, lse_new, scale, True, config,
+        recorded,
+    )  # fmt: skip
+    _launch_merge(m, out, lse, o_prefix, lse_prefix, o_new, lse_new, recorded)
+    if signature is not None:
+        inputs = (*given[:5], out, lse, *given[7:], *temporaries)  # (out, lse as allocated)
+        _keep_prefill_launches(m, signature, recorded, inputs, given=len(given))
+    return out, lse
 
 
 # ---- cache write --------------------------------------------------------------------------------------
