@@ -73,81 +73,29 @@ def dispatched(monkeypatch):
     return launches
 
 
-@pytest.fixture
-def checked_calls(monkeypatch):
-    """How many calls took the checked path."""
+def _counted(monkeypatch, name):
+    """The calls of runtime's function `name` (patched to count them)."""
     calls = []
-    checked = runtime.mla_prefill_checked
+    function = getattr(runtime, name)
 
     def counting(*args):
         calls.append(args)
-        return checked(*args)
+        return function(*args)
 
-    monkeypatch.setattr(runtime, "mla_prefill_checked", counting)
+    monkeypatch.setattr(runtime, name, counting)
     return calls
+
+
+@pytest.fixture
+def checked_calls(monkeypatch):
+    """How many prefill calls took the checked path."""
+    return _counted(monkeypatch, "mla_prefill_checked")
 
 
 def _gluon(module, monkeypatch):
     if module._PREFILL_GLUON_IMPORT_ERROR:
         pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
     monkeypatch.setattr(runtime, "prefill_backend", lambda m, device=None, requested=None, **knobs: ("gluon", ""))
-
-
-@pytest.mark.parametrize("backend", ["triton", "gluon"])
-@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # (the test clears what they record)
-@given(data=st.data())
-def test_a_prepared_call_launches_what_the_checked_path_launches(
-    module, backend, data, dispatched, checked_calls, monkeypatch
-):
-    if backend == "gluon":
-        _gluon(module, monkeypatch)
-    lengths = data.draw(st.lists(st.integers(0, 300), min_size=1, max_size=3), label="lengths")
-    layout = data.draw(
-        st.fixed_dictionaries({"k_pe_of_rows": st.booleans(), "misaligned_q": st.booleans()}), label="layout"
-    )
-    return_lse = data.draw(st.booleans(), label="return_lse")
-    give_out, give_lse = data.draw(st.booleans(), label="out given"), data.draw(st.booleans(), label="lse given")
-    scale = data.draw(st.sampled_from([None, 0.0625]), label="softmax_scale")
-    tma = data.draw(st.booleans(), label="prefill_tma")
-    config = None if backend == "gluon" else data.draw(st.sampled_from([None, (16, 32, 4, 1)]), label="config")
-    max_seqlen = max(lengths)
-    tokens, heads = sum(lengths), module.NUM_HEADS
-
-    def call(seed):
-        q, k_nope, k_pe, v, cu = _tensors(module, lengths, seed=seed, **layout)
-        out = torch.empty(tokens, heads, module.V_HEAD_DIM, dtype=module.DTYPE) if give_out else None
-        lse = torch.empty(heads, tokens, dtype=torch.float32) if give_lse else None
-        result = module.mla_prefill(
-            q, k_nope, k_pe, v, cu, max_seqlen, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse,
-            config=config, validate=False,
-        )  # fmt: skip
-        return (q, k_nope, k_pe, v, cu, out, lse), result
-
-    module._PREFILL_LAUNCHES.clear()
-    with use_options(prefill_tma=tma):
-        call(0)  # (seen)
-        call(1)  # (prepared)
-        dispatched.clear()
-        checked_calls.clear()
-        tensors, result = call(2)
-        fast, took_checks = list(dispatched), bool(checked_calls)
-        note(f"checked: {took_checks}, launches: {len(fast)}")
-        # the checked path's launch with the same tensors (and outputs, as the fast path allocated them)
-        out = tensors[5] if give_out else result[0] if return_lse else result
-        lse = tensors[6] if give_lse else result[1] if return_lse else None
-        dispatched.clear()
-        with use_options(direct_launch=False):
-            module.mla_prefill(
-                *tensors[:5], max_seqlen, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse, config=config,
-                validate=False,
-            )  # fmt: skip
-    # taken for every layout but a per-call copy (the Gluon kernel's misaligned q: both calls checked, each
-    # launching a descriptor of its own copy)
-    copied = backend == "gluon" and layout["misaligned_q"] and max_seqlen > 0
-    assert took_checks == copied
-    assert [launch[:2] for launch in fast] == [launch[:2] for launch in dispatched]
-    for (_, _, got), (_, _, want) in zip(fast, dispatched, strict=True):
-        assert {name: value for name, value in got.items() if value != want[name]} == {} or copied
 
 
 def test_a_prepared_call_gives_the_checked_calls_results(module, checked_calls):
@@ -219,3 +167,205 @@ def test_the_signature_keys_on_the_options_in_force(module, dispatched, checked_
     checked_calls.clear()
     module.mla_prefill(*tensors, 40)
     assert not checked_calls and dispatched[-1][2]["USE_TMA"] is True
+
+
+# ---- chunked prefill: the prefix attention, the new tokens' attention and the merge, prepared together ----------
+
+
+def _chunked_tensors(module, lengths, prefix_lens, *, k_pe_of_rows=False, misaligned_q=False, seed=0):
+    """_tensors' new tokens plus a paged latent cache holding `prefix_lens` (pages shuffled), its block table and
+    prefix_lens, and the up-projections w_uk, w_uv: every tensor fresh memory each call."""
+    q, k_nope, k_pe, v, cu = _tensors(module, lengths, k_pe_of_rows=k_pe_of_rows, misaligned_q=misaligned_q, seed=seed)
+    g = torch.Generator().manual_seed(seed + 1000)
+    heads, dn, dv, dc = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
+    pages = [-(-length // module.PAGE_SIZE) for length in prefix_lens]
+    width = max(1, max(pages))
+    order = torch.randperm(sum(pages) + 1, generator=g).to(torch.int32)
+    table = torch.zeros(len(prefix_lens), width, dtype=torch.int32)
+    start = 0
+    for b, count in enumerate(pages):
+        table[b, :count] = order[start : start + count]
+        start += count
+    cache = torch.randn(sum(pages) + 1, module.PAGE_SIZE, 1, dc + module.QK_ROPE_HEAD_DIM, generator=g)
+    w_uk = (torch.randn(heads, dn, dc, generator=g) / dc**0.5).to(module.DTYPE)
+    w_uv = (torch.randn(heads, dv, dc, generator=g) / dc**0.5).to(module.DTYPE)
+    plen = torch.tensor(prefix_lens, dtype=torch.int32)
+    return q, k_nope, k_pe, v, cu, cache.to(module.CACHE_DTYPE), table, plen, w_uk, w_uv
+
+
+def _canonical(launches, given):
+    """Launches (dispatched's) with each tensor not among the call's `given` ones (its temporaries: another call's
+    are elsewhere) named by order of first appearance instead of its address."""
+    names = {tensor.data_ptr(): ("given", i) for i, tensor in enumerate(given) if tensor is not None}
+    temporaries = {}
+
+    def name(value):
+        if isinstance(value, tuple) and value[:1] == ("tensor",):
+            where = names.get(value[1]) or temporaries.setdefault(value[1], ("temporary", len(temporaries)))
+            return ("tensor", where, *value[2:])
+        if isinstance(value, tuple) and value[:1] == ("descriptor",):
+            return (*value[:2], name(value[2]), *value[3:])
+        return value
+
+    return [(kernel, grid, {key: name(value) for key, value in named.items()}) for kernel, grid, named in launches]
+
+
+@pytest.fixture
+def chunked_checked_calls(monkeypatch):
+    """How many chunked prefill calls took the checked path."""
+    return _counted(monkeypatch, "mla_chunked_prefill_checked")
+
+
+@pytest.mark.parametrize("kind", ["prefill", "chunked"])
+@pytest.mark.parametrize("backend", ["triton", "gluon"])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])  # (the test clears what they record)
+@given(data=st.data())
+def test_a_prepared_call_launches_what_the_checked_path_launches(module, kind, backend, data, dispatched, monkeypatch):
+    """mla_prefill's launch, or mla_chunked_prefill's (prefix attention, new-token attention, merge; its temporaries
+    compared by layout and order of appearance, each call having its own)."""
+    if backend == "gluon":
+        _gluon(module, monkeypatch)
+    chunked = kind == "chunked"
+    entry = module.mla_chunked_prefill if chunked else module.mla_prefill
+    checked_calls = _counted(monkeypatch, "mla_chunked_prefill_checked" if chunked else "mla_prefill_checked")
+    lengths = data.draw(st.lists(st.integers(0, 80 if chunked else 300), min_size=1, max_size=3), label="lengths")
+    prefix = st.lists(st.integers(0, 140), min_size=len(lengths), max_size=len(lengths))
+    prefix_lens = data.draw(prefix, label="prefix_lens") if chunked else None
+    layout = data.draw(
+        st.fixed_dictionaries({"k_pe_of_rows": st.booleans(), "misaligned_q": st.booleans()}), label="layout"
+    )
+    return_lse = data.draw(st.booleans(), label="return_lse")
+    give_out, give_lse = data.draw(st.booleans(), label="out given"), data.draw(st.booleans(), label="lse given")
+    scale = data.draw(st.sampled_from([None, 0.0625]), label="softmax_scale")
+    tma = data.draw(st.booleans(), label="prefill_tma")
+    config = None if backend == "gluon" else data.draw(st.sampled_from([None, (16, 32, 4, 1)]), label="config")
+    max_seqlen = max(lengths)
+    tokens, heads = sum(lengths), module.NUM_HEADS
+    extra = dict(num_prefix_tokens=sum(prefix_lens)) if chunked else {}
+
+    def call(seed):
+        if chunked:
+            tensors = _chunked_tensors(module, lengths, prefix_lens, seed=seed, **layout)
+            arguments = (*tensors[:5], max_seqlen, *tensors[5:])
+        else:
+            tensors = _tensors(module, lengths, seed=seed, **layout)
+            arguments = (*tensors, max_seqlen)
+        out = torch.empty(tokens, heads, module.V_HEAD_DIM, dtype=module.DTYPE) if give_out else None
+        lse = torch.empty(heads, tokens, dtype=torch.float32) if give_lse else None
+        result = entry(
+            *arguments, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse, config=config, validate=False,
+            **extra,
+        )  # fmt: skip
+        return arguments, out, lse, result
+
+    module._PREFILL_LAUNCHES.clear()
+    with use_options(prefill_tma=tma):
+        call(0)  # (seen)
+        call(1)  # (prepared)
+        dispatched.clear()
+        checked_calls.clear()
+        arguments, out, lse, result = call(2)
+        fast, took_checks = list(dispatched), bool(checked_calls)
+        note(f"checked: {took_checks}, launches: {len(fast)}")
+        # the checked path's launches with the same tensors (and outputs, as the fast path allocated them)
+        out = out if give_out else result[0] if return_lse else result
+        lse = lse if give_lse else result[1] if return_lse else None
+        dispatched.clear()
+        with use_options(direct_launch=False):
+            entry(
+                *arguments, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse, config=config, validate=False,
+                **extra,
+            )  # fmt: skip
+    # taken for every layout but a per-call copy (the Gluon kernel's misaligned q: both calls checked, each
+    # launching a descriptor of its own copy)
+    copied = backend == "gluon" and layout["misaligned_q"] and max_seqlen > 0
+    assert took_checks == copied
+    given_tensors = (*arguments[:5], out, lse)
+    fast, checked = _canonical(fast, given_tensors), _canonical(dispatched, given_tensors)
+    assert [launch[:2] for launch in fast] == [launch[:2] for launch in checked]
+    assert len(fast) == (2 if chunked else 1) * (max_seqlen > 0) + (chunked and tokens > 0)
+    for (_, _, got), (_, _, want) in zip(fast, checked, strict=True):
+        assert {name: value for name, value in got.items() if value != want[name]} == {} or copied
+
+
+@pytest.mark.parametrize("give_outputs", [False, True])
+def test_a_prepared_chunked_call_gives_the_checked_calls_results(module, chunked_checked_calls, give_outputs):
+    """Bit for bit, in the interpreter: fresh tensors at new addresses every call, given outputs poisoned (NaN)."""
+    module._PREFILL_LAUNCHES.clear()
+    lengths, prefix_lens = (21, 5), (70, 0)
+    heads, tokens = module.NUM_HEADS, sum(lengths)
+
+    def outputs():
+        if not give_outputs:
+            return {}
+        out = torch.full((tokens, heads, module.V_HEAD_DIM), float("nan"), dtype=module.DTYPE)
+        return dict(out=out, lse=torch.full((heads, tokens), float("nan")))
+
+    for seed in range(3):
+        tensors = _chunked_tensors(module, lengths, prefix_lens, seed=seed, k_pe_of_rows=True)
+        arguments = (*tensors[:5], 21, *tensors[5:])
+        given = outputs()
+        got, got_lse = module.mla_chunked_prefill(*arguments, return_lse=True, num_prefix_tokens=70, **given)
+        with use_options(direct_launch=False):
+            want, want_lse = module.mla_chunked_prefill(*arguments, return_lse=True, num_prefix_tokens=70, **outputs())
+        assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+        assert not got.isnan().any() and not got_lse.isnan().any()
+        assert got.data_ptr() != want.data_ptr()
+        if give_outputs:
+            assert got.data_ptr() == given["out"].data_ptr() and got_lse.data_ptr() == given["lse"].data_ptr()
+    assert len(chunked_checked_calls) == 5  # (all but the third call's: the prepared launches)
+
+
+def _warm_chunked(module, tensors, **kwargs):
+    module._PREFILL_LAUNCHES.clear()
+    for _ in range(2):
+        module.mla_chunked_prefill(*tensors[:5], 8, *tensors[5:], **kwargs)
+
+
+def test_a_prepared_chunked_call_still_validates_index_values(module, dispatched, chunked_checked_calls):
+    tensors = _chunked_tensors(module, (8, 8), (30, 40))
+    _warm_chunked(module, tensors, validate=True, num_prefix_tokens=70)
+    chunked_checked_calls.clear()
+    dispatched.clear()
+    with pytest.raises(ValueError, match=r"^num_prefix_tokens: 70 is not the sum of prefix_lens \(71\)$"):
+        module.mla_chunked_prefill(
+            *tensors[:5], 8, *tensors[5:7], torch.tensor([31, 40], dtype=torch.int32), *tensors[8:], validate=True,
+            num_prefix_tokens=70,
+        )  # fmt: skip
+    bad = torch.tensor([0, 9, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^max_seqlen: 8 is less than the longest sequence \(9 tokens\)$"):
+        module.mla_chunked_prefill(*tensors[:4], bad, 8, *tensors[5:], validate=True, num_prefix_tokens=70)
+    assert not dispatched and not chunked_checked_calls  # (the prepared path's own checks)
+
+
+def test_a_given_chunked_output_is_checked_against_the_inputs_every_call(module, dispatched):
+    tensors = _chunked_tensors(module, (8,), (30,))
+    out = torch.empty(8, module.NUM_HEADS, module.V_HEAD_DIM, dtype=module.DTYPE)
+    _warm_chunked(module, tensors, out=out, num_prefix_tokens=30)
+    dispatched.clear()
+    # the same layout, its memory now v's
+    with pytest.raises(ValueError, match="^out: overlaps v in memory: give out memory of its own$"):
+        module.mla_chunked_prefill(*tensors[:5], 8, *tensors[5:], out=tensors[3], num_prefix_tokens=30)
+    assert not dispatched
+
+
+def test_a_chunked_call_without_the_prefix_total_is_always_checked(module, chunked_checked_calls):
+    """Without num_prefix_tokens the call reads prefix_lens (a synchronisation) and is never prepared."""
+    tensors = _chunked_tensors(module, (8,), (30,))
+    _warm_chunked(module, tensors)
+    module.mla_chunked_prefill(*tensors[:5], 8, *tensors[5:])
+    assert len(chunked_checked_calls) == 3
+
+
+def test_a_call_passing_one_tensor_twice_prepares_nothing(module, checked_calls):
+    """A prepared launch finds the call's tensors by identity: k_nope passed as v too would leave a later call's
+    v unread."""
+    q, k_nope, k_pe, v, cu = _tensors(module, (8,))
+    if k_nope.shape != v.shape:
+        pytest.skip("k_nope and v differ in shape in this spec")
+    _warm(module, (q, k_nope, k_pe, k_nope, cu), 8)
+    got = module.mla_prefill(q, k_nope, k_pe, v, cu, 8)
+    assert len(checked_calls) == 3  # (the third call prepares: the first of its signature to pass each once)
+    with use_options(direct_launch=False):
+        want = module.mla_prefill(q, k_nope, k_pe, v, cu, 8)
+    assert torch.equal(got, want)
