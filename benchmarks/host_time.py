@@ -25,6 +25,11 @@ time is the host path alone:
 
     TRITON_INTERPRET=1 python benchmarks/host_time.py --kind prefill --module after=generated/deepseek_v3_tp8.py \
         --batch 1 --seqlen 4096 --stub-launch [--calls 2000] [--profile after]
+
+--kind chunked: the same for mla_chunked_prefill (B sequences of --seqlen new tokens over --prefix cached ones,
+num_prefix_tokens given: the serving path). The prefix's expansion (a gather and two GEMMs through torch) is device
+work, real work on a CPU too: --stub-expand replaces it by the first call's result, so the time is the host path
+alone.
 """
 
 from __future__ import annotations
@@ -153,7 +158,8 @@ def parts(module, q, kv, table, lens, schedule, out, lse, calls: int) -> None:
 
 
 def prefill_host_time(args, modules: dict, chosen: dict) -> None:
-    """--kind prefill: host us per bare mla_prefill call of each module, per backend and batch (see the docstring)."""
+    """--kind prefill / chunked: host us per bare mla_prefill / mla_chunked_prefill call of each module, per backend
+    and batch (see the docstring)."""
     on_gpu = torch.cuda.is_available() and not args.stub_launch
     device = torch.device("cuda" if on_gpu else "cpu")
     synchronize = torch.cuda.synchronize if on_gpu else (lambda: None)
@@ -188,6 +194,9 @@ def prefill_host_time(args, modules: dict, chosen: dict) -> None:
                 def call(m=module, t=tuple(tensors), cu=cu):
                     m.mla_prefill(*t, cu, args.seqlen, validate=False)
 
+                if args.kind == "chunked":
+                    call = chunked_call(args, module, tuple(tensors), cu, gen, device)
+
                 for _ in range(20):
                     call()
                 calls[label] = call
@@ -196,10 +205,14 @@ def prefill_host_time(args, modules: dict, chosen: dict) -> None:
                 for label, call in calls.items():
                     set_options(replace(chosen[label], prefill_backend=backend))
                     times[label].append(per_call(call))
+            case = f"{args.kind} {backend} B{batch} S{args.seqlen}" + (
+                f" P{args.prefix}" if args.kind == "chunked" else ""
+            )
+            stubbed = " (launch stubbed)" if args.stub_launch else ""
+            stubbed += " (expansion stubbed)" if args.kind == "chunked" and args.stub_expand else ""
             for label, samples in times.items():
                 print(
-                    f"prefill {backend} B{batch} S{args.seqlen} {label}: {statistics.median(samples):.1f} us/call "
-                    f"(min {min(samples):.1f}){' (launch stubbed)' if args.stub_launch else ''}",
+                    f"{case} {label}: {statistics.median(samples):.1f} us/call (min {min(samples):.1f}){stubbed}",
                     flush=True,
                 )
             for label in args.profile:
@@ -213,10 +226,47 @@ def prefill_host_time(args, modules: dict, chosen: dict) -> None:
     reload_options()
 
 
+def chunked_call(args, module, tensors, cu, gen, device):
+    """A bare mla_chunked_prefill call of the module over `tensors` (new tokens) and --prefix cached tokens per
+    sequence (pages in order), num_prefix_tokens given; with --stub-expand the expansion returns its first result."""
+    batch = cu.shape[0] - 1
+    dn, dv, dc = module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
+    pages = max(1, -(-args.prefix // module.PAGE_SIZE))
+    width = dc + module.QK_ROPE_HEAD_DIM
+    cache = torch.randn(batch * pages, module.PAGE_SIZE, 1, width, generator=gen).to(module.CACHE_DTYPE).to(device)
+    table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
+    prefix_lens = torch.full((batch,), args.prefix, dtype=torch.int32, device=device)
+    w_uk, w_uv = (
+        (torch.randn(module.NUM_HEADS, d, dc, generator=gen) / dc**0.5).to(module.DTYPE).to(device) for d in (dn, dv)
+    )
+    kv_scale = 1.0 if module.CACHE_FORMAT.scaled else None
+    if args.stub_expand and not hasattr(runtime.expand_latent_prefix, "results"):
+        expand = runtime.expand_latent_prefix
+
+        def expanded(m, kv_cache, *arguments):  # (per module and cache: the first call's result)
+            kept = expanded.results.get(m)
+            if kept is None or kept[0] is not kv_cache:
+                kept = expanded.results[m] = (kv_cache, expand(m, kv_cache, *arguments))
+            return kept[1]
+
+        expanded.results = {}
+        runtime.expand_latent_prefix = expanded
+
+    def call(m=module):
+        m.mla_chunked_prefill(
+            *tensors, cu, args.seqlen, cache, table, prefix_lens, w_uk, w_uv, kv_scale=kv_scale, validate=False,
+            num_prefix_tokens=batch * args.prefix,
+        )  # fmt: skip
+
+    return call
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kind", choices=["decode", "prefill"], default="decode")
+    parser.add_argument("--kind", choices=["decode", "prefill", "chunked"], default="decode")
     parser.add_argument("--stub-launch", action="store_true", help="prefill: stub the final launch (host path only)")
+    parser.add_argument("--prefix", type=int, default=64, help="chunked: cached tokens per sequence")
+    parser.add_argument("--stub-expand", action="store_true", help="chunked: the prefix's expansion done once")
     parser.add_argument("--module", action="append", required=True, help="LABEL=PATH[:VAR=VALUE,...]")
     parser.add_argument("--batch", type=int, nargs="+", default=[1])
     parser.add_argument("--seqlen", type=int, default=8192)
@@ -231,7 +281,7 @@ def main() -> None:
         label, path, env = parse_module(text)
         modules[label] = load(label, path, env)
         chosen[label] = Options.from_env({**os.environ, **env})
-    if args.kind == "prefill":
+    if args.kind in ("prefill", "chunked"):
         prefill_host_time(args, modules, chosen)
         return
     first = next(iter(modules.values()))
