@@ -20,6 +20,8 @@ from mlagen_compiler.module_file import module_source
 from mlagen_compiler.options import use_options
 from mlagen_compiler.registry import resolve_spec
 
+DEVICE = torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu")  # as in conftest
+
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
@@ -44,8 +46,8 @@ def _tensors(module, lengths, *, k_pe_of_rows=False, misaligned_q=False, seed=0)
     else:
         k_pe = torch.randn(tokens, dr, generator=g).to(module.DTYPE)
     v = torch.randn(tokens, heads, dv, generator=g).to(module.DTYPE)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
-    return q, k_nope, k_pe, v, cu
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
+    return tuple(t.to(DEVICE) for t in (q, k_nope, k_pe, v, cu))
 
 
 def _normal(value):
@@ -120,7 +122,7 @@ def _warm(module, tensors, max_seqlen, **kwargs):
 def test_a_prepared_call_still_validates_index_values(module, dispatched):
     tensors = _tensors(module, (8, 8))
     _warm(module, tensors, 8, validate=True)
-    bad = torch.tensor([0, 9, 16], dtype=torch.int32)
+    bad = torch.tensor([0, 9, 16], dtype=torch.int32, device=DEVICE)
     dispatched.clear()
     with pytest.raises(ValueError, match=r"^max_seqlen: 8 is less than the longest sequence \(9 tokens\)$"):
         module.mla_prefill(*tensors[:4], bad, 8, validate=True)
@@ -129,7 +131,7 @@ def test_a_prepared_call_still_validates_index_values(module, dispatched):
 
 def test_a_given_output_is_checked_against_the_inputs_every_call(module, dispatched):
     q, k_nope, k_pe, v, cu = _tensors(module, (8,))
-    out = torch.empty(8, module.NUM_HEADS, module.V_HEAD_DIM, dtype=module.DTYPE)
+    out = torch.empty(8, module.NUM_HEADS, module.V_HEAD_DIM, dtype=module.DTYPE, device=DEVICE)
     _warm(module, (q, k_nope, k_pe, v, cu), 8, out=out)
     dispatched.clear()
     # the same layout, its memory now v's
@@ -189,8 +191,9 @@ def _chunked_tensors(module, lengths, prefix_lens, *, k_pe_of_rows=False, misali
     cache = torch.randn(sum(pages) + 1, module.PAGE_SIZE, 1, dc + module.QK_ROPE_HEAD_DIM, generator=g)
     w_uk = (torch.randn(heads, dn, dc, generator=g) / dc**0.5).to(module.DTYPE)
     w_uv = (torch.randn(heads, dv, dc, generator=g) / dc**0.5).to(module.DTYPE)
-    plen = torch.tensor(prefix_lens, dtype=torch.int32)
-    return q, k_nope, k_pe, v, cu, cache.to(module.CACHE_DTYPE), table, plen, w_uk, w_uv
+    plen = torch.tensor(prefix_lens, dtype=torch.int32, device=DEVICE)
+    tensors = (cache.to(module.CACHE_DTYPE), table, plen, w_uk, w_uv)
+    return q, k_nope, k_pe, v, cu, *(t.to(DEVICE) for t in tensors)
 
 
 def _canonical(launches, given):
@@ -250,8 +253,8 @@ def test_a_prepared_call_launches_what_the_checked_path_launches(module, kind, b
         else:
             tensors = _tensors(module, lengths, seed=seed, **layout)
             arguments = (*tensors, max_seqlen)
-        out = torch.empty(tokens, heads, module.V_HEAD_DIM, dtype=module.DTYPE) if give_out else None
-        lse = torch.empty(heads, tokens, dtype=torch.float32) if give_lse else None
+        out = torch.empty(tokens, heads, module.V_HEAD_DIM, dtype=module.DTYPE, device=DEVICE) if give_out else None
+        lse = torch.empty(heads, tokens, dtype=torch.float32, device=DEVICE) if give_lse else None
         result = entry(
             *arguments, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse, config=config, validate=False,
             **extra,
@@ -298,8 +301,8 @@ def test_a_prepared_chunked_call_gives_the_checked_calls_results(module, chunked
     def outputs():
         if not give_outputs:
             return {}
-        out = torch.full((tokens, heads, module.V_HEAD_DIM), float("nan"), dtype=module.DTYPE)
-        return dict(out=out, lse=torch.full((heads, tokens), float("nan")))
+        out = torch.full((tokens, heads, module.V_HEAD_DIM), float("nan"), dtype=module.DTYPE, device=DEVICE)
+        return dict(out=out, lse=torch.full((heads, tokens), float("nan"), device=DEVICE))
 
     for seed in range(3):
         tensors = _chunked_tensors(module, lengths, prefix_lens, seed=seed, k_pe_of_rows=True)
@@ -328,11 +331,11 @@ def test_a_prepared_chunked_call_still_validates_index_values(module, dispatched
     chunked_checked_calls.clear()
     dispatched.clear()
     with pytest.raises(ValueError, match=r"^num_prefix_tokens: 70 is not the sum of prefix_lens \(71\)$"):
+        wrong_total = torch.tensor([31, 40], dtype=torch.int32, device=DEVICE)
         module.mla_chunked_prefill(
-            *tensors[:5], 8, *tensors[5:7], torch.tensor([31, 40], dtype=torch.int32), *tensors[8:], validate=True,
-            num_prefix_tokens=70,
+            *tensors[:5], 8, *tensors[5:7], wrong_total, *tensors[8:], validate=True, num_prefix_tokens=70
         )  # fmt: skip
-    bad = torch.tensor([0, 9, 16], dtype=torch.int32)
+    bad = torch.tensor([0, 9, 16], dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match=r"^max_seqlen: 8 is less than the longest sequence \(9 tokens\)$"):
         module.mla_chunked_prefill(*tensors[:4], bad, 8, *tensors[5:], validate=True, num_prefix_tokens=70)
     assert not dispatched and not chunked_checked_calls  # (the prepared path's own checks)
@@ -340,7 +343,7 @@ def test_a_prepared_chunked_call_still_validates_index_values(module, dispatched
 
 def test_a_given_chunked_output_is_checked_against_the_inputs_every_call(module, dispatched):
     tensors = _chunked_tensors(module, (8,), (30,))
-    out = torch.empty(8, module.NUM_HEADS, module.V_HEAD_DIM, dtype=module.DTYPE)
+    out = torch.empty(8, module.NUM_HEADS, module.V_HEAD_DIM, dtype=module.DTYPE, device=DEVICE)
     _warm_chunked(module, tensors, out=out, num_prefix_tokens=30)
     dispatched.clear()
     # the same layout, its memory now v's
