@@ -35,19 +35,17 @@ def _tensors(module, lengths, *, k_pe_of_rows=False, misaligned_q=False, seed=0)
     g = torch.Generator().manual_seed(seed)
     tokens, heads = sum(lengths), module.NUM_HEADS
     dn, dr, dv, dc = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
+
+    def drawn(*shape):  # on the device before any view is taken (a copy there would be contiguous and aligned)
+        return torch.randn(*shape, generator=g).to(module.DTYPE).to(DEVICE)
+
     q_shape = (tokens, heads, dn + dr)
-    if misaligned_q:
-        q = torch.randn(tokens * heads * (dn + dr) + 1, generator=g).to(module.DTYPE)[1:].view(q_shape)
-    else:
-        q = torch.randn(q_shape, generator=g).to(module.DTYPE)
-    k_nope = torch.randn(tokens, heads, dn, generator=g).to(module.DTYPE)
-    if k_pe_of_rows:
-        k_pe = torch.randn(tokens, dc + dr, generator=g).to(module.DTYPE)[:, dc:]
-    else:
-        k_pe = torch.randn(tokens, dr, generator=g).to(module.DTYPE)
-    v = torch.randn(tokens, heads, dv, generator=g).to(module.DTYPE)
+    q = drawn(tokens * heads * (dn + dr) + 1)[1:].view(q_shape) if misaligned_q else drawn(*q_shape)
+    k_nope = drawn(tokens, heads, dn)
+    k_pe = drawn(tokens, dc + dr)[:, dc:] if k_pe_of_rows else drawn(tokens, dr)
+    v = drawn(tokens, heads, dv)
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEVICE)
-    return tuple(t.to(DEVICE) for t in (q, k_nope, k_pe, v, cu))
+    return q, k_nope, k_pe, v, cu
 
 
 def _normal(value):
