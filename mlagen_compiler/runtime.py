@@ -2619,16 +2619,35 @@ def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens,
     v [P, H, Dv] = c_kv W_UV^T, P = num_prefix_tokens = cu_prefix[-1]. kv_scale: the fp8 cache's float32 [1]
     scale tensor (see the module's _kv_scale), or None for a 16-bit cache.
     """
-    device = kv_cache.device
-    tok = torch.arange(num_prefix_tokens, device=device, dtype=torch.int64)
-    seq = torch.searchsorted(cu_prefix[1:].to(torch.int64), tok, right=True)
-    pos = tok - cu_prefix.to(torch.int64)[seq]
-    pages = block_table[seq, pos // m.PAGE_SIZE].to(torch.int64)
-    rows = kv_cache[pages, pos % m.PAGE_SIZE, 0]  # [P, Dc+Dr]
-    if kv_scale is not None:
-        # an fp8 prefix: dequantised on the device (no host read of the scale), in float32, then rounded
-        # once to the dtype the expansion GEMMs and the attention run in
-        rows = (rows.to(torch.float32) * kv_scale).to(m.DTYPE)
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    rows = torch.empty((num_prefix_tokens, width), dtype=m.DTYPE, device=kv_cache.device)  # [P, Dc+Dr]
+    if num_prefix_tokens > 0:
+        # one launch finds each row's sequence, page and slot and reads it (an fp8 row dequantised on the device,
+        # in float32, then rounded once to the dtype the expansion GEMMs and the attention run in)
+        num_seqs = cu_prefix.shape[0] - 1
+        _launch(
+            m._mla_cache_gather_kernel,
+            (cdiv(num_prefix_tokens, m.CACHE_WRITE_BLOCK_T),),
+            rows,
+            kv_cache,
+            block_table,
+            cu_prefix,
+            kv_scale,
+            num_prefix_tokens,
+            num_seqs,
+            max(num_seqs - 1, 0).bit_length(),
+            rows.stride(0),
+            kv_cache.stride(0),
+            kv_cache.stride(1),
+            block_table.stride(0),
+            DC=m.KV_LORA_RANK,
+            DR=m.QK_ROPE_HEAD_DIM,
+            DC_PAD=m.CACHE_WRITE_DC_PAD,
+            DR_PAD=m.CACHE_WRITE_DR_PAD,
+            PAGE_SIZE=m.PAGE_SIZE,
+            BLOCK_T=m.CACHE_WRITE_BLOCK_T,
+            num_warps=4,
+        )
     c_kv = rows[:, : m.KV_LORA_RANK]
     k_nope = (c_kv @ w_uk.reshape(m.NUM_HEADS * m.QK_NOPE_HEAD_DIM, m.KV_LORA_RANK).t()).view(
         num_prefix_tokens, m.NUM_HEADS, m.QK_NOPE_HEAD_DIM

@@ -114,6 +114,51 @@ def test_chunked_prefill_equals_full_attention(build_module, device, backend, da
     assert_chunked_prefill_matches_reference(module, problem, device=device, backend=backend)
 
 
+@given(data=st.data())
+def test_expanded_prefix_rows_are_the_cached_rows(build_module, device, data):
+    """expand_latent_prefix's gather: packed row t is its sequence's cached row (dequantised once for an fp8 cache),
+    bit for bit, for prefixes of any length (empty ones too) in shuffled pages; every cache row no prefix holds,
+    and the page the block table's unused entries name, is NaN, so a row read from the wrong place shows."""
+    heads, dn, dr, dv, dc = data.draw(st.sampled_from(GEOMETRIES), label="geometry")
+    page_size = data.draw(st.sampled_from([1, 4, 16]), label="page_size")
+    cache_dtype = data.draw(st.sampled_from([None, "float8_e4m3fn"]), label="cache_dtype")
+    module = module_for(build_module, (heads, dn, dr, dv, dc), "bfloat16", page_size, cache_dtype)
+    lengths = data.draw(st.lists(st.integers(0, 3 * page_size + 1), min_size=1, max_size=5), label="prefix_lens")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    pages = [-(-length // page_size) for length in lengths]
+    poisoned_page = sum(pages)  # (the last page: named by every unused block-table entry)
+    order = torch.randperm(sum(pages), generator=g)
+    table = torch.full((len(lengths), max(1, *pages)), poisoned_page, dtype=torch.int32)
+    for b, start in enumerate(torch.tensor([0, *pages]).cumsum(0)[:-1].tolist()):
+        table[b, : pages[b]] = order[start : start + pages[b]]
+    cache = torch.full((sum(pages) + 1, page_size, 1, dc + dr), float("nan"))
+    want = []
+    for b, length in enumerate(lengths):
+        for pos in range(length):
+            cache[table[b, pos // page_size], pos % page_size, 0] = torch.randn(dc + dr, generator=g)
+            want.append((table[b, pos // page_size].item(), pos % page_size))
+    cu_prefix = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    w_uk = torch.randn(heads, dn, dc, generator=g).to(torch.bfloat16)
+    w_uv = torch.randn(heads, dv, dc, generator=g).to(torch.bfloat16)
+    if cache_dtype:
+        stored = cache.to(torch.float8_e4m3fn).to(device)
+        # (a scale of many mantissa bits, so the dequantised rows need rounding to bfloat16)
+        kv_scale = torch.tensor([data.draw(st.floats(1e-3, 4.0), label="kv_scale")], device=device)
+        rows = (stored.float() * kv_scale).to(torch.bfloat16)
+    else:
+        stored = cache.to(torch.bfloat16).to(device)
+        kv_scale, rows = None, stored
+    table, cu_prefix, w_uk, w_uv = (t.to(device) for t in (table, cu_prefix, w_uk, w_uv))
+    total = sum(lengths)
+    k_nope, k_pe, v = module.expand_latent_prefix(stored, table, cu_prefix, total, w_uk, w_uv, kv_scale)
+    packed = torch.stack([rows[page, slot, 0] for page, slot in want]) if want else rows.new_empty(0, dc + dr)
+    assert not packed.isnan().any()
+    torch.testing.assert_close(k_pe, packed[:, dc:], rtol=0, atol=0)
+    c_kv = packed[:, :dc]
+    torch.testing.assert_close(k_nope, (c_kv @ w_uk.reshape(-1, dc).t()).view(total, heads, dn), rtol=0, atol=0)
+    torch.testing.assert_close(v, (c_kv @ w_uv.reshape(-1, dc).t()).view(total, heads, dv), rtol=0, atol=0)
+
+
 def test_reference_chunked_prefill_is_the_mla_layer():
     """The chunked reference over [prefix ; new] == the decompressed MLA layer over the whole sequence."""
     g = torch.Generator().manual_seed(3)
