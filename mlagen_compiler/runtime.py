@@ -1017,23 +1017,9 @@ def mla_chunked_prefill_traced(
     if num_prefix_tokens is None:
         raise ValueError("num_prefix_tokens: required under torch.compile (sum(prefix_lens) as a host int)")
     result = m.ops.chunked_prefill(
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        kv_cache,
-        block_table,
-        prefix_lens,
-        w_uk,
-        w_uv,
-        num_prefix_tokens,
-        softmax_scale,
-        _op_kv_scale(m, kv_scale, q.device),
-        _op_config(config),
-        validate,
-    )
+        q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv, num_prefix_tokens,
+        softmax_scale, _op_kv_scale(m, kv_scale, q.device), _op_config(config), validate,
+    )  # fmt: skip
     return _op_outputs(result, out, lse, return_lse)
 
 
@@ -2557,38 +2543,11 @@ def mla_chunked_prefill(
     if _options().poison_workspace:
         for workspace in (o_prefix, lse_prefix, o_new, lse_new):
             workspace.fill_(float("nan"))
-    _launch_prefill_on(
-        m,
-        backend,
-        q,
-        pre_k_nope,
-        pre_k_pe,
-        pre_v,
-        cu_seqlens,
-        cu_prefix,
-        max_seqlen,
-        o_prefix,
-        lse_prefix,
-        scale,
-        False,
-        config,
-    )
-    _launch_prefill_on(
-        m,
-        backend,
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens,
-        cu_seqlens,
-        max_seqlen,
-        o_new,
-        lse_new,
-        scale,
-        True,
-        config,
-    )
+    # the prefix without a mask, then the new tokens causally among themselves
+    _launch_prefill_on(m, backend, q, pre_k_nope, pre_k_pe, pre_v, cu_seqlens, cu_prefix, max_seqlen, o_prefix,
+                       lse_prefix, scale, False, config)  # fmt: skip
+    _launch_prefill_on(m, backend, q, k_nope, k_pe, v, cu_seqlens, cu_seqlens, max_seqlen, o_new, lse_new, scale,
+                       True, config)  # fmt: skip
     return merge_attn_states(m, o_prefix, lse_prefix, o_new, lse_new, out=out, out_lse=lse, return_lse=return_lse)
 
 
