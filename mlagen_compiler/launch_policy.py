@@ -52,6 +52,24 @@ def _gluon_unavailable(kernel, eligible, ineligible_reason, gluon_error, interpr
     return ""
 
 
+def _select_backend(kernel, requested, backends, name, forced_triton, auto_keeps, facts):
+    """The rule of select_decode_backend and select_prefill_backend: `requested` ("auto" or one of `backends`,
+    else an error naming `name`); "triton" asked for: ("triton", forced_triton); where the Gluon `kernel` cannot
+    run (_gluon_unavailable of `facts`), an error naming why where "gluon" was asked for, else ("triton", why);
+    where it can, ("gluon", '') unless "auto" keeps the portable kernel for the reason `auto_keeps` ('' for no
+    reason)."""
+    if requested not in ("auto",) + backends:
+        raise _policy_error(name, f"expected auto, gluon or triton, got {requested!r}")
+    if requested == "triton":
+        return "triton", forced_triton
+    why = _gluon_unavailable(kernel, *facts)
+    if not why:
+        return ("triton", auto_keeps) if requested == "auto" and auto_keeps else ("gluon", "")
+    if requested == "gluon":
+        raise _policy_error(name, f"'gluon' cannot run here: {why}")
+    return "triton", why
+
+
 def select_decode_backend(
     requested,
     *,
@@ -75,20 +93,16 @@ def select_decode_backend(
     kernel was first the faster one, and since the Gluon kernel's narrow form and gluon_small_batch_schedule the
     two are too close to move the rule. Evidence: performance log, `select_decode_backend`.
     """
-    if requested not in ("auto",) + DECODE_BACKENDS:
-        raise _policy_error(name, f"expected auto, gluon or triton, got {requested!r}")
-    if requested == "triton":
-        return "triton", "MLAGEN_DECODE_BACKEND=triton"
-    why = _gluon_unavailable("decode", eligible, ineligible_reason, gluon_error, interpreting, capability)
-    if not why:
-        if requested == "auto" and knobs_given:
-            return "triton", "config or block_m given: knobs of the portable kernel"
-        if requested == "auto" and total_rows is not None and total_rows <= latency_rows:
-            return "triton", f"latency regime: {total_rows} query rows in all"
-        return "gluon", ""
-    if requested == "gluon":
-        raise _policy_error(name, f"'gluon' cannot run here: {why}")
-    return "triton", why
+    if knobs_given:
+        auto_keeps = "config or block_m given: knobs of the portable kernel"
+    elif total_rows is not None and total_rows <= latency_rows:
+        auto_keeps = f"latency regime: {total_rows} query rows in all"
+    else:
+        auto_keeps = ""
+    facts = (eligible, ineligible_reason, gluon_error, interpreting, capability)
+    return _select_backend(
+        "decode", requested, DECODE_BACKENDS, name, "MLAGEN_DECODE_BACKEND=triton", auto_keeps, facts
+    )
 
 
 #: prefill backends a module may run, in order of preference
@@ -121,24 +135,18 @@ def select_prefill_backend(
     minor) of the CUDA device, or None off CUDA. "auto" keeps the portable kernel when its knobs (config) are
     given, and while auto_gluon is False (PREFILL_AUTO_GLUON).
     """
-    if requested not in ("auto",) + PREFILL_BACKENDS:
-        raise _policy_error(name, f"expected auto, gluon or triton, got {requested!r}")
-    if requested == "triton":
-        return "triton", f"{name}=triton" if name.startswith("MLAGEN_") else f"{name}='triton'"
-    why = _gluon_unavailable("prefill", eligible, ineligible_reason, gluon_error, interpreting, capability)
-    if not why:
-        if requested == "auto" and knobs_given:
-            return "triton", "config given: knobs of the portable kernel"
-        if requested == "auto" and not auto_gluon:
-            return (
-                "triton",
-                "auto keeps the portable prefill while the Gluon launch's host cost exceeds a short prefill's "
-                "kernel time (gluon on request)",
-            )
-        return "gluon", ""
-    if requested == "gluon":
-        raise _policy_error(name, f"'gluon' cannot run here: {why}")
-    return "triton", why
+    if knobs_given:
+        auto_keeps = "config given: knobs of the portable kernel"
+    elif not auto_gluon:
+        auto_keeps = (
+            "auto keeps the portable prefill while the Gluon launch's host cost exceeds a short prefill's "
+            "kernel time (gluon on request)"
+        )
+    else:
+        auto_keeps = ""
+    forced_triton = f"{name}=triton" if name.startswith("MLAGEN_") else f"{name}='triton'"
+    facts = (eligible, ineligible_reason, gluon_error, interpreting, capability)
+    return _select_backend("prefill", requested, PREFILL_BACKENDS, name, forced_triton, auto_keeps, facts)
 
 
 #: share of the L2 cache that one section of the Gluon prefill's tile order may fill with keys and values

@@ -1068,23 +1068,9 @@ def mla_chunked_prefill_traced(
     if num_prefix_tokens is None:
         raise ValueError("num_prefix_tokens: required under torch.compile (sum(prefix_lens) as a host int)")
     result = m.ops.chunked_prefill(
-        q,
-        k_nope,
-        k_pe,
-        v,
-        cu_seqlens,
-        max_seqlen,
-        kv_cache,
-        block_table,
-        prefix_lens,
-        w_uk,
-        w_uv,
-        num_prefix_tokens,
-        softmax_scale,
-        _op_kv_scale(m, kv_scale, q.device),
-        _op_config(config),
-        validate,
-    )
+        q, k_nope, k_pe, v, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, w_uk, w_uv, num_prefix_tokens,
+        softmax_scale, _op_kv_scale(m, kv_scale, q.device), _op_config(config), validate,
+    )  # fmt: skip
     return _op_outputs(result, out, lse, return_lse)
 
 
