@@ -3,8 +3,7 @@
 A call whose tensors and scalars have the signature of an earlier, fully checked call (their layouts, not the batch
 shape: token counts, sequences, max_seqlen and prefix totals change from call to call) skips the checks and only
 puts its tensors and sizes into the prepared launch: these tests pin that it launches exactly what the checked path
-would
-(kernel, grid, every argument and constexpr, descriptors made on this call's tensors), for both backends (the
+would (kernel, grid, every argument and constexpr, descriptors made on this call's tensors), for both backends (the
 Gluon kernel's launch is captured, not run: the interpreter does not run Gluon), that what depends on values is
 still checked, and that anything new sends a call back to the checks.
 """
