@@ -26,16 +26,21 @@ time is the host path alone:
     TRITON_INTERPRET=1 python benchmarks/host_time.py --kind prefill --module after=generated/deepseek_v3_tp8.py \
         --batch 1 --seqlen 4096 --stub-launch [--calls 2000] [--profile after]
 
+--vary N: each call takes the next of N batch shapes of one layout in turn (a serving engine's batches, whose token
+counts change every step): shape k has sequences of --seqlen - k tokens (chunked: over --prefix - k cached ones),
+its max_seqlen and (chunked) num_prefix_tokens; the default 1 repeats one shape exactly.
+
 --kind chunked: the same for mla_chunked_prefill (B sequences of --seqlen new tokens over --prefix cached ones,
 num_prefix_tokens given: the serving path). The prefix's expansion (a gather and two GEMMs through torch) is device
-work, real work on a CPU too: --stub-expand replaces it by the first call's result, so the time is the host path
-alone.
+work, real work on a CPU too: --stub-expand replaces it by the first call's result (per prefix total), so the time is
+the host path alone.
 """
 
 from __future__ import annotations
 
 import argparse
 import cProfile
+import itertools
 import os
 import pstats
 import statistics
@@ -183,21 +188,12 @@ def prefill_host_time(args, modules: dict, chosen: dict) -> None:
             for label, module in modules.items():
                 set_options(replace(chosen[label], prefill_backend=backend))
                 gen = torch.Generator().manual_seed(0)
-                tokens, heads = batch * args.seqlen, module.NUM_HEADS
-                dn, dr, dv = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
-                tensors = [
-                    torch.randn(shape, generator=gen).to(module.DTYPE).to(device)
-                    for shape in ((tokens, heads, dn + dr), (tokens, heads, dn), (tokens, dr), (tokens, heads, dv))
-                ]
-                cu = torch.arange(0, tokens + 1, args.seqlen, dtype=torch.int32, device=device)
+                turn = itertools.cycle(shape_calls(args, module, batch, gen, device))
 
-                def call(m=module, t=tuple(tensors), cu=cu):
-                    m.mla_prefill(*t, cu, args.seqlen, validate=False)
+                def call(turn=turn):
+                    next(turn)()
 
-                if args.kind == "chunked":
-                    call = chunked_call(args, module, tuple(tensors), cu, gen, device)
-
-                for _ in range(20):
+                for _ in range(20 * args.vary):
                     call()
                 calls[label] = call
             times = {label: [] for label in modules}
@@ -208,6 +204,7 @@ def prefill_host_time(args, modules: dict, chosen: dict) -> None:
             case = f"{args.kind} {backend} B{batch} S{args.seqlen}" + (
                 f" P{args.prefix}" if args.kind == "chunked" else ""
             )
+            case += f" ({args.vary} shapes in turn)" if args.vary > 1 else ""
             stubbed = " (launch stubbed)" if args.stub_launch else ""
             stubbed += " (expansion stubbed)" if args.kind == "chunked" and args.stub_expand else ""
             for label, samples in times.items():
@@ -226,39 +223,71 @@ def prefill_host_time(args, modules: dict, chosen: dict) -> None:
     reload_options()
 
 
-def chunked_call(args, module, tensors, cu, gen, device):
-    """A bare mla_chunked_prefill call of the module over `tensors` (new tokens) and --prefix cached tokens per
-    sequence (pages in order), num_prefix_tokens given; with --stub-expand the expansion returns its first result."""
-    batch = cu.shape[0] - 1
-    dn, dv, dc = module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
-    pages = max(1, -(-args.prefix // module.PAGE_SIZE))
-    width = dc + module.QK_ROPE_HEAD_DIM
-    cache = torch.randn(batch * pages, module.PAGE_SIZE, 1, width, generator=gen).to(module.CACHE_DTYPE).to(device)
-    table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
-    prefix_lens = torch.full((batch,), args.prefix, dtype=torch.int32, device=device)
-    w_uk, w_uv = (
-        (torch.randn(module.NUM_HEADS, d, dc, generator=gen) / dc**0.5).to(module.DTYPE).to(device) for d in (dn, dv)
-    )
-    kv_scale = 1.0 if module.CACHE_FORMAT.scaled else None
-    if args.stub_expand and not hasattr(runtime.expand_latent_prefix, "results"):
-        expand = runtime.expand_latent_prefix
+def shape_calls(args, module, batch: int, gen, device) -> list:
+    """--vary bare calls (--kind prefill: mla_prefill; chunked: mla_chunked_prefill) of the module, one per batch
+    shape: shape k has `batch` sequences of --seqlen - k new tokens (max_seqlen the same), chunked over --prefix - k
+    cached ones each (num_prefix_tokens given). The shapes' tensors are the leading rows of buffers made once for the
+    largest (every layout alike, no memory per shape); the cache, its block table's width and the up-projections
+    are shared, as a serving engine's are."""
+    most, heads = batch * args.seqlen, module.NUM_HEADS
+    dn, dr, dv, dc = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
+    buffers = [
+        torch.randn(shape, generator=gen).to(module.DTYPE).to(device)
+        for shape in ((most, heads, dn + dr), (most, heads, dn), (most, dr), (most, heads, dv))
+    ]
+    if args.kind == "chunked":
+        pages = max(1, -(-args.prefix // module.PAGE_SIZE))
+        width = dc + module.QK_ROPE_HEAD_DIM
+        cache = torch.randn(batch * pages, module.PAGE_SIZE, 1, width, generator=gen).to(module.CACHE_DTYPE)
+        cache = cache.to(device)
+        table = torch.arange(batch * pages, dtype=torch.int32, device=device).view(batch, pages)
+        w_uk, w_uv = (
+            (torch.randn(heads, d, dc, generator=gen) / dc**0.5).to(module.DTYPE).to(device) for d in (dn, dv)
+        )
+        kv_scale = 1.0 if module.CACHE_FORMAT.scaled else None
+        stub_expansion(args)
+    calls = []
+    for k in range(args.vary):
+        seqlen = args.seqlen - k
+        tokens = batch * seqlen
+        tensors = tuple(buffer[:tokens] for buffer in buffers)
+        cu = torch.arange(0, tokens + 1, seqlen, dtype=torch.int32, device=device)
+        if args.kind == "chunked":
+            prefix = args.prefix - k
+            prefix_lens = torch.full((batch,), prefix, dtype=torch.int32, device=device)
 
-        def expanded(m, kv_cache, *arguments):  # (per module and cache: the first call's result)
-            kept = expanded.results.get(m)
-            if kept is None or kept[0] is not kv_cache:
-                kept = expanded.results[m] = (kv_cache, expand(m, kv_cache, *arguments))
-            return kept[1]
+            def call(m=module, tensors=tensors, cu=cu, seqlen=seqlen, prefix_lens=prefix_lens, total=batch * prefix):
+                m.mla_chunked_prefill(
+                    *tensors, cu, seqlen, cache, table, prefix_lens, w_uk, w_uv, kv_scale=kv_scale, validate=False,
+                    num_prefix_tokens=total,
+                )  # fmt: skip
 
-        expanded.results = {}
-        runtime.expand_latent_prefix = expanded
+        else:
 
-    def call(m=module):
-        m.mla_chunked_prefill(
-            *tensors, cu, args.seqlen, cache, table, prefix_lens, w_uk, w_uv, kv_scale=kv_scale, validate=False,
-            num_prefix_tokens=batch * args.prefix,
-        )  # fmt: skip
+            def call(m=module, tensors=tensors, cu=cu, seqlen=seqlen):
+                m.mla_prefill(*tensors, cu, seqlen, validate=False)
 
-    return call
+        calls.append(call)
+    return calls
+
+
+def stub_expansion(args) -> None:
+    """--stub-expand: the chunked prefill's prefix expansion returns its first result per module, cache and prefix
+    total (torch's gather and GEMMs are device work, real work on a CPU too)."""
+    if not args.stub_expand or hasattr(runtime.expand_latent_prefix, "results"):
+        return
+    expand = runtime.expand_latent_prefix
+
+    def expanded(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, *arguments):
+        key = (m, id(kv_cache), num_prefix_tokens)
+        kept = expanded.results.get(key)
+        if kept is None or kept[0] is not kv_cache:
+            result = expand(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, *arguments)
+            kept = expanded.results[key] = (kv_cache, result)
+        return kept[1]
+
+    expanded.results = {}
+    runtime.expand_latent_prefix = expanded
 
 
 def main() -> None:
@@ -267,6 +296,7 @@ def main() -> None:
     parser.add_argument("--stub-launch", action="store_true", help="prefill: stub the final launch (host path only)")
     parser.add_argument("--prefix", type=int, default=64, help="chunked: cached tokens per sequence")
     parser.add_argument("--stub-expand", action="store_true", help="chunked: the prefix's expansion done once")
+    parser.add_argument("--vary", type=int, default=1, help="prefill, chunked: batch shapes taken in turn")
     parser.add_argument("--module", action="append", required=True, help="LABEL=PATH[:VAR=VALUE,...]")
     parser.add_argument("--batch", type=int, nargs="+", default=[1])
     parser.add_argument("--seqlen", type=int, default=8192)

@@ -435,8 +435,9 @@ def _dispatch(kernel, grid, args, options):
         runtime.jit_cache_hook, runtime.jit_post_compile_hook = hooks
 
 
-def _launch(kernel, grid, *args, num_warps, num_stages=None, **constexprs):
-    """kernel[grid](*args, **constexprs) at a fraction of its host cost.
+def _launch(kernel, grid, *args, num_warps, num_stages=None, per_call=None, **constexprs):
+    """kernel[grid](*args, **constexprs) at a fraction of its host cost. per_call: how the launch's grid and
+    size-dependent ints follow from a call's tensors (see _PreparedLaunch); a recorder's (_Recorded), unused here.
 
     Triton's dispatch binds and specialises all arguments and looks the compiled kernel up on every
     launch (tens of microseconds of Python); here it runs on the first launch of each key (_launch_key:
@@ -516,6 +517,16 @@ class _PreparedLaunch:
     compiled C launcher with the arguments expanded once (_RawLaunch) where the Triton release's launcher is
     one that was verified, else through the compiled kernel's launcher (_launch_compiled); never under the
     interpreter. MLAGEN_DIRECT_LAUNCH=0: never reusable, always Triton's dispatch.
+
+    per_call: for calls whose tensors share the layout but not the size of their leading dimension (a prefill's
+    token count, batch size): (function, names, tensors, max_seqlen), where function(*tensors, max_seqlen) gives
+    the launch's grid (three sizes) and the values of its size-dependent int arguments `names` (the launch's own
+    are what it gave for `tensors`, the preparing call's). A later call's grid and ints are that function's for
+    its tensors (call_values), and every descriptor covers its source's leading rows (base, descriptor and source
+    agree on them when prepared). Those ints must fall in the preparing call's classes of what Triton specialises
+    an int on (_int_class), else call_values declines the call; the rows are the leading sizes of the call's
+    tensors, whose classes the caller's key holds (prefill_signature, chunked_prefill_signature). Without
+    per_call, grid and ints are the preparing call's.
     """
 
     __slots__ = (
@@ -529,17 +540,23 @@ class _PreparedLaunch:
         "compiled",
         "device_index",
         "raw",
+        "per_call",
+        "int_classes",
     )
 
-    def __init__(self, kernel, grid, inputs, owned, args, constexprs, num_warps, num_stages=None, launch_pdl=False):
+    def __init__(
+        self, kernel, grid, inputs, owned, args, constexprs, num_warps, num_stages=None, launch_pdl=False, per_call=None
+    ):
         self.kernel = kernel
         self.grid = _grid3(grid)
         self.options = _launch_options(num_warps, num_stages, launch_pdl)
         values = list(_ordered_values(kernel, args, constexprs))
         self.tensor_slots, self.descriptor_slots, self.reusable = [], [], _options().direct_launch
+        self.per_call = self.int_classes = None
+        sized = per_call is not None
         for position, value in enumerate(values if self.reusable else ()):
             if isinstance(value, torch.Tensor):
-                index = next((i for i, tensor in enumerate(inputs) if tensor is value), None)
+                index = _input_index(inputs, value)
                 if index is not None:
                     self.tensor_slots.append((position, index))
                     values[position] = None  # a template keeps no call's tensor alive
@@ -557,49 +574,99 @@ class _PreparedLaunch:
                     continue
                 index = sources[0]
                 source = inputs[index]
+                if sized and not (base.dim() and base.shape[0] == source.shape[0] == value.shape[0]):
+                    self.reusable = False  # (its rows would not follow its source's)
+                    continue
                 offset = base.storage_offset() - source.storage_offset()
                 template = object.__new__(type(value))
                 template.__dict__.update(value.__dict__)
                 template.base = None
                 self.descriptor_slots.append((position, index, template, tuple(base.shape), base.stride(), offset))
+        if sized and self.reusable:
+            self._prepare_per_call(values, inputs, per_call)
         self.values = tuple(values)
         self.compiled = None
         self.device_index = None
         self.raw = None
 
-    def arguments(self, inputs):
-        """Every argument of the launch with `inputs` (tensors of the preparing call's layout, in its order)."""
+    def _prepare_per_call(self, values, inputs, per_call):
+        """Keep per_call (see the class) as (function, input index of each of its tensors, argument position of
+        each int it gives), its ints' places in `values` emptied, and the classes of the preparing call's ints and
+        descriptor rows; not `reusable` where a tensor is not among the inputs or the function does not give what
+        the launch holds."""
+        function, names, tensors, max_seqlen = per_call
+        indices = tuple(None if tensor is None else _input_index(inputs, tensor) for tensor in tensors)
+        if any(index is None and tensor is not None for index, tensor in zip(indices, tensors, strict=True)):
+            self.reusable = False
+            return
+        grid, ints = function(*tensors, max_seqlen)
+        positions = tuple(self.kernel.arg_names.index(name) for name in names)
+        if tuple(grid) != self.grid or [values[p] for p in positions] != list(ints):
+            self.reusable = False
+            return
+        for position in positions:
+            values[position] = None
+        row_sources = tuple(index for _, index, *_ in self.descriptor_slots)
+        self.per_call = (function, indices, positions, row_sources)
+        self.int_classes = tuple(map(_int_class, ints))
+
+    def call_values(self, inputs, max_seqlen):
+        """(grid, ints, descriptor rows) of a call of this launch (its tensors `inputs`; see the class), or None
+        where an int is not of the preparing call's classes (another compiled kernel)."""
+        function, indices, _, row_sources = self.per_call
+        grid, ints = function(*[None if index is None else inputs[index] for index in indices], max_seqlen)
+        if tuple(map(_int_class, ints)) != self.int_classes:
+            return None
+        return grid, ints, [inputs[index].shape[0] for index in row_sources]
+
+    def arguments(self, inputs, call=None):
+        """Every argument of the launch with `inputs` (tensors of the preparing call's layout, in its order; call:
+        their call_values, for a launch prepared with per_call)."""
         values = list(self.values)
         for position, index in self.tensor_slots:
             values[position] = inputs[index]
-        for position, index, template, shape, strides, offset in self.descriptor_slots:
+        if call is not None:
+            for position, value in zip(self.per_call[2], call[1], strict=True):
+                values[position] = value
+        for k, (position, index, template, shape, strides, offset) in enumerate(self.descriptor_slots):
             source = inputs[index]
             descriptor = object.__new__(type(template))
             descriptor.__dict__.update(template.__dict__)
+            if call is not None:  # (the source's leading rows: this call's)
+                rows = call[2][k]
+                shape = (rows, *shape[1:])
+                descriptor.shape = type(template.shape)((rows, *template.shape[1:]))
             descriptor.base = source.as_strided(shape, strides, source.storage_offset() + offset)
             values[position] = descriptor
         return values
 
-    def launch(self, inputs):
-        """Launch with `inputs` (tensors of the preparing call's layout, in its order)."""
+    def launch(self, inputs, call=None):
+        """Launch with `inputs` (tensors of the preparing call's layout, in its order; call: their call_values,
+        for a launch prepared with per_call)."""
+        grid = self.grid if call is None else call[0]
         raw = self.raw
         if raw is not None and raw.get_device() == raw.device and not _launch_hooks():
             raw.launch_at(
-                [None if tensor is None else tensor.data_ptr() for tensor in inputs], raw.get_stream(raw.device)
+                [None if tensor is None else tensor.data_ptr() for tensor in inputs], raw.get_stream(raw.device), call
             )
             return
         if _INTERPRET or not _options().direct_launch:
-            _dispatch(self.kernel, self.grid, self.arguments(inputs), self.options)
+            _dispatch(self.kernel, grid, self.arguments(inputs, call), self.options)
             return
         device = triton.runtime.driver.active.get_current_device()
         if self.compiled is not None and device == self.device_index:
-            _launch_compiled(self.compiled, self.grid, self.arguments(inputs), device)
+            _launch_compiled(self.compiled, grid, self.arguments(inputs, call), device)
             return
         # the compiled kernel is loaded per device: the first launch on each goes through the dispatch
-        values = self.arguments(inputs)
-        self.compiled = _dispatch(self.kernel, self.grid, values, self.options)
+        values = self.arguments(inputs, call)
+        self.compiled = _dispatch(self.kernel, grid, values, self.options)
         self.device_index = device
         self.raw = _RawLaunch.prepare(self, values, inputs, device) if _raw_launch() and self.reusable else None
+
+
+def _input_index(inputs, tensor):
+    """The position of `tensor` (itself, not an equal one) among a call's inputs, or None."""
+    return next((i for i, value in enumerate(inputs) if value is tensor), None)
 
 
 def _launch_hooks():
@@ -608,43 +675,47 @@ def _launch_hooks():
     return bool(runtime.launch_enter_hook.calls or runtime.launch_exit_hook.calls)
 
 
-def _launch_prepared(launches, inputs, addresses):
-    """Issue a call's prepared launches in order (inputs: the call's tensors, addresses: their data_ptr()).
-    Where they have raw launches on the current device and no launch hook is installed, the device, the hooks
-    and the stream are read once for all of them; else each launch goes its own way (_PreparedLaunch.launch).
+def _launch_prepared(launches, inputs, addresses, calls=None):
+    """Issue a call's prepared launches in order (inputs: the call's tensors, addresses: their data_ptr(); calls:
+    each launch's call_values, for launches prepared with per_call). Where they have raw launches on the current
+    device and no launch hook is installed, the device, the hooks and the stream are read once for all of them;
+    else each launch goes its own way (_PreparedLaunch.launch).
     """
+    if calls is None:
+        calls = (None,) * len(launches)
     raw = launches[0].raw
     if raw is not None:
         device = raw.get_device()
         if device == raw.device and not _launch_hooks():
             stream = raw.get_stream(device)
-            for launch in launches:
+            for launch, call in zip(launches, calls, strict=True):
                 raw = launch.raw
                 if raw is not None and raw.device == device:
-                    raw.launch_at(addresses, stream)
+                    raw.launch_at(addresses, stream, call)
                 else:
-                    launch.launch(inputs)
+                    launch.launch(inputs, call)
             return
-    for launch in launches:
-        launch.launch(inputs)
+    for launch, call in zip(launches, calls, strict=True):
+        launch.launch(inputs, call)
 
 
 class _Recorded(list):
     """Stands in for _launch in a checked call whose launches may be prepared for later calls of its layout: each
-    launch goes through _launch and is kept (its arguments); prepare() makes them _PreparedLaunch of the call."""
+    launch goes through _launch and is kept (its arguments, and per_call: how its grid and size-dependent ints
+    follow from a call's tensors); prepare() makes them _PreparedLaunch of the call."""
 
-    def __call__(self, kernel, grid, *args, num_warps, num_stages=None, **constexprs):
+    def __call__(self, kernel, grid, *args, num_warps, num_stages=None, per_call=None, **constexprs):
         _launch(kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **constexprs)
-        self.append((kernel, grid, args, constexprs, num_warps, num_stages))
+        self.append((kernel, grid, args, constexprs, num_warps, num_stages, per_call))
 
     def prepare(self, inputs):
-        """The launches as _PreparedLaunch of the call's `inputs` (nothing owned), or None where one is not
-        reusable."""
+        """The launches as _PreparedLaunch of the call's `inputs` (nothing owned) for calls of any token count, or
+        None where one is not reusable (a launch without per_call included: its grid would be this call's)."""
         launches = [
-            _PreparedLaunch(kernel, grid, inputs, (), args, constexprs, num_warps, num_stages)
-            for kernel, grid, args, constexprs, num_warps, num_stages in self
+            _PreparedLaunch(kernel, grid, inputs, (), args, constexprs, num_warps, num_stages, per_call=per_call)
+            for kernel, grid, args, constexprs, num_warps, num_stages, per_call in self
         ]
-        return launches if all(launch.reusable for launch in launches) else None
+        return launches if all(launch.reusable and launch.per_call for launch in launches) else None
 
 
 def layout_signature(tensors, addresses):
@@ -657,27 +728,6 @@ def layout_signature(tensors, addresses):
             for tensor, address in zip(tensors, addresses, strict=True)
         ]
     )
-
-
-def _span_length(tensor):
-    """The bytes a tensor's elements span (_byte_span): fixed by its layout."""
-    start, end = _byte_span(tensor)
-    return end - start
-
-
-def _spans_apart(addresses, lengths, written):
-    """Whether the tensors at positions `written` (outputs; None: absent) share no byte with any other of a call's
-    tensors (addresses, lengths: their data_ptr() and _span_lengths, all on one device): _check_no_overlap's
-    comparison, for tensors of a layout already checked."""
-    for w in written:
-        start = addresses[w]
-        if start is None:
-            continue
-        end = start + lengths[w]
-        for other, (other_start, length) in enumerate(zip(addresses, lengths, strict=True)):
-            if other != w and other_start is not None and start < other_start + length and other_start < end:
-                return False
-    return True
 
 
 # ---- launching below Triton's launcher ---------------------------------------------------------------
@@ -765,6 +815,29 @@ class _TensorMaps(dict):
         return tensor_map
 
 
+class _SizedExpansions(dict):
+    """The expanded arguments of one descriptor argument of a raw launch prepared with per_call (its rows follow
+    its source's), by (address, rows): Triton's own expansion (make_tensordesc_arg: the encoded tensor map, or
+    the address of a descriptor lowered to a pointer, then shape and strides) of the slot's descriptor at that
+    address with that many rows, kept; the oldest goes first past _RAW_DESCRIPTORS_MAX."""
+
+    __slots__ = ("template", "metadata", "make_tensordesc_arg")
+
+    def __missing__(self, key):
+        address, rows = key
+        descriptor = object.__new__(type(self.template))
+        descriptor.__dict__.update(self.template.__dict__)
+        descriptor.base = _DeviceAddress(address)
+        descriptor.shape = type(self.template.shape)((rows, *self.template.shape[1:]))
+        expansion = self.make_tensordesc_arg(descriptor, self.metadata)
+        if self.metadata is None:  # lowered to a pointer: the C launcher takes the address
+            expansion[0] = address
+        if len(self) >= _RAW_DESCRIPTORS_MAX:
+            del self[next(iter(self))]
+        self[key] = expansion
+        return expansion
+
+
 class _RawLaunch:
     """A prepared launch (_PreparedLaunch) issued through the compiled C launcher with the final argument
     list built once: what Triton's CudaLauncher and its descriptor wrapper (`inner`) would expand at every
@@ -775,9 +848,22 @@ class _RawLaunch:
     buffers hit every call; a call's new address costs one encoding. Pointers go in as integers (the C
     launcher takes them as such); owned tensors (the schedule's workspace) are resolved once. Equivalent to
     Triton's launch for the releases in _RAW_LAUNCH_RELEASES, tested against its `inner`.
+
+    A launch prepared with per_call also takes each call's grid and ints (call_values) and expands its
+    descriptors at the call's rows: per (address, rows) (_SizedExpansions).
     """
 
-    __slots__ = ("c_launch", "arguments", "pointer_slots", "map_slots", "get_stream", "get_device", "device")
+    __slots__ = (
+        "c_launch",
+        "arguments",
+        "pointer_slots",
+        "map_slots",
+        "int_slots",
+        "sized_slots",
+        "get_stream",
+        "get_device",
+        "device",
+    )
 
     @staticmethod
     def prepare(prepared, values, inputs, device):
@@ -818,17 +904,28 @@ class _RawLaunch:
             None,
         ]
         inputs_at = dict(prepared.tensor_slots)
-        descriptors_at = {slot[0]: slot for slot in prepared.descriptor_slots}
+        descriptors_at = {slot[0]: (k, slot) for k, slot in enumerate(prepared.descriptor_slots)}
         if len(descriptors_at) != len(descriptors) or not descriptors_at.keys() <= descriptors.keys():
             raise ValueError("the launcher's descriptor arguments are not the prepared descriptors")
         self.pointer_slots, self.map_slots = [], []  # (argument position, input index, byte offset[, maps])
+        # per_call's: the argument position of each int; (argument position, input index, byte offset,
+        # expansions, descriptor slot) of each descriptor
+        sized_positions = set(prepared.per_call[2]) if prepared.per_call else ()
+        int_at, self.sized_slots = {}, []
         for position, value in enumerate(values):
             if position in descriptors_at:
-                _, index, template, _, _, _ = descriptors_at[position]
+                k, (_, index, template, _, _, _) = descriptors_at[position]
                 metadata = descriptors[position]
                 expanded = make_tensordesc_arg(value, metadata)
                 address = value.base.data_ptr()
                 offset = address - inputs[index].data_ptr()
+                if prepared.per_call:  # (rows of the call's: expanded whole, per address and rows)
+                    expansions = _SizedExpansions()
+                    expansions.template, expansions.metadata = template, metadata
+                    expansions.make_tensordesc_arg = make_tensordesc_arg
+                    self.sized_slots.append((len(arguments), index, offset, expansions, k))
+                    arguments.extend([None] * len(expanded))
+                    continue
                 if metadata is None:  # lowered to a pointer: base, shape, strides, padding, shape, strides
                     self.pointer_slots.append((len(arguments), index, offset))
                 else:  # the encoded tensor map, shape, strides
@@ -843,17 +940,29 @@ class _RawLaunch:
             elif isinstance(value, torch.Tensor):  # owned (the schedule's workspace): outlives the launch
                 arguments.append(value.data_ptr())
             else:
+                if position in sized_positions:
+                    int_at[position] = len(arguments)
                 arguments.append(value)
+        self.int_slots = tuple(int_at[position] for position in prepared.per_call[2]) if prepared.per_call else ()
         self.arguments = arguments
 
-    def launch_at(self, addresses, stream):
-        """Launch on `stream` with the call's tensors at `addresses` (data_ptr() of each input, in order)."""
+    def launch_at(self, addresses, stream, call=None):
+        """Launch on `stream` with the call's tensors at `addresses` (data_ptr() of each input, in order; call:
+        their call_values, for a launch prepared with per_call)."""
         arguments = self.arguments.copy()
         arguments[3] = stream
         for position, index, offset in self.pointer_slots:
             arguments[position] = addresses[index] + offset
         for position, index, offset, maps in self.map_slots:
             arguments[position] = maps[addresses[index] + offset]
+        if call is not None:
+            grid, ints, rows = call
+            arguments[0], arguments[1], arguments[2] = grid
+            for position, value in zip(self.int_slots, ints, strict=True):
+                arguments[position] = value
+            for position, index, offset, expansions, k in self.sized_slots:
+                expansion = expansions[(addresses[index] + offset, rows[k])]
+                arguments[position : position + len(expansion)] = expansion
         self.c_launch(*arguments)
 
 
@@ -2105,29 +2214,50 @@ def launch_prefill_gluon(
     q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc = gluon_prefill_descriptors(
         m, q.view(q.shape[0], -1), k_nope.view(k_nope.shape[0], -1), k_pe, v.view(v.shape[0], -1), block_n
     )
-    batch = cu_q.shape[0] - 1
-    pairs, m_blocks = batch * heads, -(-max_seqlen_q // m.PREFILL_GLUON_BLOCK_M)
-    if sections is None:
-        sections = m.prefill_sections(
-            pairs, k_nope.shape[0] // batch, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device)
-        )
-    else:  # (a probe's choice: 0 or more sections than pairs would divide by zero inside the kernel)
+    given_sections = sections is not None
+    if given_sections:  # (a probe's choice: 0 or more sections than pairs would divide by zero inside)
+        pairs = (cu_q.shape[0] - 1) * heads
         _check(
             isinstance(sections, int) and not isinstance(sections, bool) and 1 <= sections <= pairs,
             "sections",
             f"must be an int in 1..{pairs} ((sequence, head) pairs), got {sections!r}",
         )
-    # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that)
+    per_call = _prefill_gluon_per_call(m, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device), sections)
+    grid, (lse_stride, pairs, m_blocks, sections) = per_call(cu_q, k_nope, lse, max_seqlen_q)
+    # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that; a
+    # probe's sections are checked against this call's pairs only: such a launch is never prepared)
     # fmt: off
     (_launch if launch is None else launch)(
-        m._mla_prefill_gluon_kernel, (pairs * m_blocks,),
+        m._mla_prefill_gluon_kernel, grid,
         q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc, out, lse if lse is not None else out, cu_q, cu_k,
-        scale * LOG2E, out.stride(0), out.stride(1), lse.stride(0) if lse is not None else 0,
-        pairs, m_blocks, sections,
+        scale * LOG2E, out.stride(0), out.stride(1), lse_stride, pairs, m_blocks, sections,
         H=heads, DN=dn, DR=dr, DV=dv, BLOCK_N=block_n, STAGES=stages,
         CAUSAL=causal, STORE_LSE=lse is not None, CONSUMER_REGS=m.PREFILL_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, num_warps=4)
+        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, num_warps=4,
+        per_call=None if given_sections else (per_call, _PREFILL_GLUON_SIZED, (cu_q, k_nope, lse), max_seqlen_q))
     # fmt: on
+
+
+#: the size-dependent ints of _mla_prefill_gluon_kernel, in the order _prefill_gluon_per_call gives them
+_PREFILL_GLUON_SIZED = ("stride_lse_h", "pairs", "m_blocks", "sections")
+
+
+def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None):
+    """launch_prefill_gluon's grid and size-dependent ints (_PREFILL_GLUON_SIZED) as a function of its tensors
+    cu_q, k_nope, lse (or None) and max_seqlen_q (see _PreparedLaunch's per_call): one program per (sequence,
+    head) pair and row block of the longest sequence; the pairs in `sections` sections (default:
+    prefill_sections's for the keys per sequence, bytes_per_key and l2_bytes)."""
+    heads, block_m = m.NUM_HEADS, m.PREFILL_GLUON_BLOCK_M
+
+    def per_call(cu_q, k_nope, lse, max_seqlen_q):
+        batch = cu_q.shape[0] - 1
+        pairs, m_blocks = batch * heads, -(-max_seqlen_q // block_m)
+        chosen = sections
+        if chosen is None:
+            chosen = m.prefill_sections(pairs, k_nope.shape[0] // batch, bytes_per_key, l2_bytes)
+        return (pairs * m_blocks, 1, 1), (lse.stride(0) if lse is not None else 0, pairs, m_blocks, chosen)
+
+    return per_call
 
 
 # ---- prefill, chunked prefill, the attention-state merge ------------------------------------------------
@@ -2242,12 +2372,12 @@ def launch_prefill(
 ):
     """One launch of the module's _mla_prefill_kernel (arguments already checked). lse may be None. launch: what
     issues it (default _launch; a checked mla_prefill's _Recorded)."""
-    batch = cu_q.shape[0] - 1
     block_m, block_n, num_warps, num_stages = config
     if max_seqlen_q == 0:
         return
     kn_desc, kr_desc, v_desc = _key_descriptors(m, k_nope, k_pe, v, block_n) if use_tma is not False else (None,) * 3
-    grid = (cdiv(max_seqlen_q, block_m), batch * m.NUM_HEADS)
+    per_call = _prefill_per_call(m.NUM_HEADS, block_m)
+    grid, (lse_stride,) = per_call(cu_q, lse, max_seqlen_q)
     (_launch if launch is None else launch)(
         m._mla_prefill_kernel,
         grid,
@@ -2272,7 +2402,7 @@ def launch_prefill(
         v.stride(1),
         out.stride(0),
         out.stride(1),
-        lse.stride(0) if lse is not None else 0,
+        lse_stride,
         H=m.NUM_HEADS,
         DN=m.QK_NOPE_HEAD_DIM,
         DR=m.QK_ROPE_HEAD_DIM,
@@ -2288,7 +2418,20 @@ def launch_prefill(
         UPCAST=m._INTERPRET,
         num_warps=num_warps,
         num_stages=num_stages,
+        per_call=(per_call, ("stride_lse_h",), (cu_q, lse), max_seqlen_q),
     )
+
+
+def _prefill_per_call(heads, block_m):
+    """launch_prefill's grid and size-dependent int (stride_lse_h) as a function of its tensors cu_q, lse (or None)
+    and max_seqlen_q (see _PreparedLaunch's per_call): row blocks of the longest sequence by (sequence, head)
+    pairs; the LSE's stride by head, its token count where it is dense."""
+
+    def per_call(cu_q, lse, max_seqlen_q):
+        grid = (cdiv(max_seqlen_q, block_m), (cu_q.shape[0] - 1) * heads, 1)
+        return grid, (lse.stride(0) if lse is not None else 0,)
+
+    return per_call
 
 
 def _check_mha_inputs(m, q, k_nope, k_pe, v, num_keys=None):
@@ -2372,9 +2515,10 @@ def mla_prefill(
     validate: check cu_seqlens and max_seqlen against the tokens (default: on for CPU tensors or with
     MLAGEN_VALIDATE=1; on the GPU it costs a synchronisation, and the values are the caller's contract).
 
-    The first call with tensors of a given layout checks everything and prepares its launch (mla_prefill_checked);
-    later calls of that layout and those scalars (prefill_signature) only put their tensors in
-    (mla_prefill_prepared). While torch.compile traces it, the call is the module's prefill op.
+    The first calls with tensors of a given layout check everything and prepare its launch (mla_prefill_checked);
+    later calls of that layout and those scalars (prefill_signature), whatever their token counts, sequences and
+    max_seqlen, only put their tensors in, the grid and sizes computed from them (mla_prefill_prepared). While
+    torch.compile traces it, the call is the module's prefill op.
     """
     if compiling():
         return mla_prefill_traced(
@@ -2387,59 +2531,137 @@ def mla_prefill(
     return outputs if return_lse else outputs[0]
 
 
-#: positions of out and lse among a prefill call's tensors (q, k_nope, k_pe, v, cu_seqlens, out, lse)
-_PREFILL_OUTPUTS = (5, 6)
+def _token_layouts(tensors, addresses):
+    """Per tensor of a call whose leading dimension is the call's own size (tokens, sequences), None where
+    absent: its layout but that size (addresses: the tensors' data_ptr()): the other sizes, every stride, dtype,
+    device and address modulo 16. A stride is kept as it is, the leading one included: a tensor's strides do not
+    change with its leading size unless it is a transposed view, which then simply keys apart."""
+    return [
+        None if tensor is None else (tensor.shape[1:], tensor.stride(), tensor.dtype, tensor.device, address & 15)
+        for tensor, address in zip(tensors, addresses, strict=True)
+    ]
+
+
+def _lse_layout(lse, address):
+    """An LSE's ([H, T]) layout but its token count (None where absent): as _token_layouts, its stride by head
+    kept as None where it is the token count (a dense LSE, whose stride changes with every token count)."""
+    if lse is None:
+        return None
+    strides = lse.stride()
+    head_stride = None if strides[0] == lse.shape[1] else strides[0]
+    return (lse.shape[:1], lse.shape[2:], strides[1:], head_stride, lse.dtype, lse.device, address & 15)
+
+
+def _size_classes(count):
+    """What the prepared launches depend on of one of a call's sizes (tokens, prefix tokens): zero or not (no
+    launch, no TMA descriptor of no rows, the Gluon kernel's fallback to the portable one for no keys), and what
+    Triton specialises a runtime int on (_int_class: descriptors' rows, a dense LSE's stride, a token count)."""
+    return count == 0, *_int_class(count)
 
 
 def prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config):
-    """What a prefill call's launch depends on besides where its tensors are: the layouts (layout_signature) of
-    its tensors (q, k_nope, k_pe, v, cu_seqlens, out, lse; out / lse not given count as such: the call allocates
-    them), max_seqlen (the grid), softmax_scale and config as given, return_lse, and the options in force (the
-    backend, TMA, direct and raw launch are theirs). The rest follows from these: the backend from the options,
-    the device (its capability) and whether a config is given; tuned configurations and the L2 size from the
-    device; descriptors and copies from the layouts."""
-    return (*layout_signature(inputs, addresses), max_seqlen, softmax_scale, return_lse, config, _options())
+    """What a prefill call's launch depends on besides where its tensors are and the sizes the launch takes per
+    call (token count, sequences, max_seqlen): the layouts of its tensors but their token or sequence count
+    (q, k_nope, k_pe, v, cu_seqlens, out: _token_layouts; lse: _lse_layout; out / lse not given count as such:
+    the call allocates them), the token count's classes (_size_classes), whether max_seqlen is 0 (nothing is
+    launched), softmax_scale and config as given, return_lse, and the options in force (the backend, TMA, direct
+    and raw launch are theirs). The rest follows from these: the backend from the options, the device (its
+    capability) and whether a config is given; the tile configuration from the device and the launch's bucket
+    (causal or prefix: no bucket depends on a size); the L2 size from the device; descriptors and copies from the
+    layouts; the grid and the ints that follow the sizes from the call's tensors (the launches' per_call).
+    Call-level: prepared_sizes_agree."""
+    return (
+        *_token_layouts(inputs[:6], addresses[:6]),
+        _lse_layout(inputs[6], addresses[6]),
+        *_size_classes(inputs[0].shape[0]),
+        max_seqlen == 0,
+        softmax_scale,
+        return_lse,
+        config,
+        _options(),
+    )
+
+
+def prepared_sizes_agree(inputs, max_seqlen, batch_rows=()):
+    """Whether a call of a prepared signature has sizes that agree (its layouts do, but its token and sequence
+    counts are its own): the token count of q in k_nope, k_pe, v and given out (rows) and lse (columns);
+    cu_seqlens of at least one sequence, and as many in `batch_rows` (positions of the call's block table and
+    prefix lengths); max_seqlen in [0, tokens]. What the checks would reject otherwise: the call goes to them."""
+    q, k_nope, k_pe, v, cu_seqlens, out, lse = inputs[:7]
+    num_tokens, batch = q.shape[0], cu_seqlens.shape[0] - 1
+    return (
+        k_nope.shape[0] == num_tokens
+        and k_pe.shape[0] == num_tokens
+        and v.shape[0] == num_tokens
+        and (out is None or out.shape[0] == num_tokens)
+        and (lse is None or lse.shape[1] == num_tokens)
+        and batch >= 1
+        and all(inputs[i].shape[0] == batch for i in batch_rows)
+        and 0 <= max_seqlen <= num_tokens
+    )
 
 
 def mla_prefill_prepared(
     m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, return_lse, out, lse, config, validate
 ):
     """mla_prefill's per-call path: (out, lse) of a call whose tensors and scalars have the signature
-    (prefill_signature) of an earlier, fully checked call: its launch with this call's tensors. Checked again:
-    index values where validating, and given out / lse against the call's other tensors' memory (addresses
-    change; the layouts were checked). None where there is no such call, or the arguments are of a kind the
-    checks would reject or an output overlaps: mla_prefill then checks everything (mla_prefill_checked)."""
+    (prefill_signature) of an earlier, fully checked call: its launch with this call's tensors, grid and sizes
+    (the launch's call_values). Checked again: the sizes against one another (prepared_sizes_agree), index values
+    where validating, given out / lse against the call's memory (_check_no_overlap). None where there is no such
+    call, or the arguments are of a kind or size the checks would reject, or a size falls outside the prepared
+    kernel's specialisation: mla_prefill then checks everything (mla_prefill_checked)."""
     if not _prepared_scalars(max_seqlen, softmax_scale, return_lse, config):
         return None
     inputs = [q, k_nope, k_pe, v, cu_seqlens, out, lse]
     addresses, signature = _call_signature(inputs, prefill_signature, max_seqlen, softmax_scale, return_lse, config)
     prepared = m._PREFILL_LAUNCHES.get(signature)
-    if not prepared:  # (None: seen once; False: not reusable)
+    if not prepared or not prepared_sizes_agree(inputs, max_seqlen):  # (None: seen once; False: not reusable)
         return None
-    launches, out_layout, lse_layout, lengths = prepared
     device = q.device
     if _validating(validate, device):
         _validate_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
-    if not _prepared_outputs(m, inputs, addresses, lengths, out_layout, lse_layout, return_lse, device):
-        return None  # (an overlap: the checks name it)
+    return _launch_prepared_prefill(m, prepared[0], inputs, addresses, max_seqlen, return_lse, device)
+
+
+def _launch_prepared_prefill(m, launches, inputs, addresses, max_seqlen, return_lse, device, inputs_given=7):
+    """A prepared prefill call's launches (launches: m._PREFILL_LAUNCHES's; inputs, addresses: the call's tensors
+    and their data_ptr(), out and lse at positions 5 and 6, temporaries past inputs_given) after the checks that
+    depend on where given out / lse lie: (out, lse), allocated where not given as the checked call allocates them;
+    None where a launch's sizes fall outside its prepared specialisation (call_values)."""
+    out, lse = inputs[5], inputs[6]
+    if out is not None or lse is not None:
+        names = ("q", "k_nope", "k_pe", "v", "cu_seqlens", "out", "lse", *_CHUNKED_INPUT_NAMES)
+        given = list(zip(names[:inputs_given], inputs[:inputs_given], strict=True))
+        _check_no_overlap(given[5:7], given[:5] + given[7:])
+    num_tokens = inputs[0].shape[0]
+    if out is None:
+        inputs[5] = torch.empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=m.DTYPE, device=device)
+        addresses[5] = inputs[5].data_ptr()
+    if lse is None and return_lse:
+        inputs[6] = torch.empty((m.NUM_HEADS, num_tokens), dtype=torch.float32, device=device)
+        addresses[6] = inputs[6].data_ptr()
+    calls = [launch.call_values(inputs, max_seqlen) for launch in launches]
+    if None in calls:
+        return None
     if launches:
-        _launch_prepared(launches, inputs, addresses)
+        _launch_prepared(launches, inputs, addresses, calls)
     return inputs[5], inputs[6]
 
 
 def _call_signature(inputs, signature, *scalars):
     """A call's tensors' data_ptr() (None where absent) and its signature (signature(inputs, addresses, *scalars)),
-    or (None, None) where they are not tensors (or one has no memory): the checks say what."""
+    or (None, None) where they are not tensors (or one has no memory, or too few dimensions): the checks say what."""
     try:
         addresses = [None if tensor is None else tensor.data_ptr() for tensor in inputs]
         return addresses, signature(inputs, addresses, *scalars)
-    except (AttributeError, TypeError, RuntimeError):
+    except (AttributeError, TypeError, RuntimeError, IndexError):
         return None, None
 
 
 def _prepared_scalars(max_seqlen, softmax_scale, return_lse, config):
     """Whether a prefill call's scalars are of the kinds a prepared call may have (its signature holds their
-    values, which a checked call accepted; a kind the checks reject, e.g. True for 1, must go back to them)."""
+    values, which a checked call accepted; a kind the checks reject, e.g. True for 1, must go back to them; a list
+    config, which the checks accept, is not hashable: such calls are always checked)."""
     return (
         (softmax_scale is None or type(softmax_scale) is float)
         and type(max_seqlen) is int
@@ -2448,30 +2670,14 @@ def _prepared_scalars(max_seqlen, softmax_scale, return_lse, config):
     )
 
 
-def _prepared_outputs(m, inputs, addresses, lengths, out_layout, lse_layout, return_lse, device):
-    """A prepared prefill call's outputs, out and lse (_PREFILL_OUTPUTS of its inputs; addresses: the given
-    tensors' data_ptr()), filled in where the call allocates them, in the layouts the checked call allocated; False
-    where a given one overlaps another of the call's given tensors (lengths: the bytes each spans)."""
-    out, lse = inputs[5], inputs[6]
-    if (out is not None or lse is not None) and not _spans_apart(addresses, lengths, _PREFILL_OUTPUTS):
-        return False
-    if out is None:
-        inputs[5] = out = torch.empty_strided(*out_layout, dtype=m.DTYPE, device=device)
-        addresses[5] = out.data_ptr()
-    if lse is None and return_lse:
-        inputs[6] = lse = torch.empty_strided(*lse_layout, dtype=torch.float32, device=device)
-        addresses[6] = lse.data_ptr()
-    return True
-
-
 def mla_prefill_checked(
     m, q, k_nope, k_pe, v, cu_seqlens, max_seqlen, softmax_scale, return_lse, out, lse, config, validate
 ):
     """mla_prefill where no launch prepared by an earlier call fits: every argument checked, the launch prepared
     (kept in m._PREFILL_LAUNCHES for later calls of this signature where it can be reused) and issued."""
     signature = None
-    if _options().direct_launch:  # (of the call as given: out / lse it allocates count as not given)
-        inputs = (q, k_nope, k_pe, v, cu_seqlens, out, lse)
+    if _options().direct_launch and _prepared_scalars(max_seqlen, softmax_scale, return_lse, config):
+        inputs = (q, k_nope, k_pe, v, cu_seqlens, out, lse)  # (out / lse it allocates count as not given)
         signature = _call_signature(inputs, prefill_signature, max_seqlen, softmax_scale, return_lse, config)[1]
     num_tokens = _check_mha_inputs(m, q, k_nope, k_pe, v)
     device = q.device
@@ -2497,31 +2703,25 @@ def mla_prefill_checked(
     return out, lse
 
 
-def _keep_prefill_launches(m, signature, recorded, inputs, given=None):
-    """Keep a checked prefill call's launches (recorded) in m._PREFILL_LAUNCHES for later calls of its signature:
-    on the second call of a signature (the first only marks it seen: calls whose token count changes every time
-    pay no preparation), with the layouts of the outputs it allocated (out, lse: _PREFILL_OUTPUTS of inputs) and
-    the bytes each of the first `given` inputs spans (default all: the call's own tensors, checked for overlap;
-    the rest are its temporaries); False where a launch is not reusable (a per-call copy): later calls of the
-    signature are checked, nothing prepared. A call passing one tensor twice prepares nothing (a launch finds
-    its tensors among the inputs by identity: a later call's two tensors would get one slot)."""
+def _keep_prefill_launches(m, signature, recorded, inputs, temporaries_layout=None):
+    """Keep a checked prefill call's launches (recorded) in m._PREFILL_LAUNCHES for later calls of its signature,
+    whatever their sizes (the launches' per_call), as (launches, temporaries_layout: a chunked call's
+    _temporaries_layout, else None): on the second call of a signature (the first only marks it seen: a layout
+    used once pays no preparation); False where a launch is not reusable (a per-call copy): later calls of the
+    signature are checked, nothing prepared. A call passing one tensor twice prepares nothing (a launch finds its
+    tensors among the inputs by identity: a later call's two tensors would get one slot)."""
     if len({id(tensor) for tensor in inputs if tensor is not None}) < sum(tensor is not None for tensor in inputs):
         return
     kept = m._PREFILL_LAUNCHES
     if signature not in kept:
-        if len(kept) >= 64:  # signatures that never repeat (e.g. a new token count each call): bounded
+        if len(kept) >= 64:  # layouts that never repeat (e.g. fresh views at odd alignments): bounded
             kept.clear()
         kept[signature] = None
         return
     if kept[signature] is not None:  # (False; or prepared, where the per-call path declined this call)
         return
     launches = recorded.prepare(inputs)
-    if launches is None:
-        kept[signature] = False
-        return
-    layouts = [(tuple(tensor.shape), tensor.stride()) if tensor is not None else None for tensor in inputs[5:7]]
-    spans = tuple(None if t is None else _span_length(t) for t in inputs[:given])
-    kept[signature] = (launches, *layouts, spans)
+    kept[signature] = False if launches is None else (launches, temporaries_layout)
 
 
 def merge_attn_states(
@@ -2569,11 +2769,14 @@ def merge_attn_states(
 def _launch_merge(m, out, out_lse, prefix_output, prefix_lse, suffix_output, suffix_lse, launch=None):
     """The merge kernel's launch (merge_attn_states's, arguments checked; out_lse may be None). launch: what
     issues it (default _launch; a checked chunked prefill's _Recorded)."""
-    num_tokens = out.shape[0]
-    if num_tokens > 0:
+    if out.shape[0] > 0:
+        per_call = _merge_per_call(m.NUM_HEADS, m.PREFILL_MERGE_BLOCK_T)
+        grid, (num_tokens, out_lse_stride, prefix_lse_stride, suffix_lse_stride) = per_call(
+            out, out_lse, prefix_lse, suffix_lse, None
+        )
         (_launch if launch is None else launch)(
             m._merge_attn_states_kernel,
-            (cdiv(num_tokens, m.PREFILL_MERGE_BLOCK_T), m.NUM_HEADS),
+            grid,
             out,
             out_lse if out_lse is not None else prefix_lse,
             prefix_output,
@@ -2583,19 +2786,42 @@ def _launch_merge(m, out, out_lse, prefix_output, prefix_lse, suffix_output, suf
             num_tokens,
             out.stride(0),
             out.stride(1),
-            out_lse.stride(0) if out_lse is not None else 0,
+            out_lse_stride,
             prefix_output.stride(0),
             prefix_output.stride(1),
-            prefix_lse.stride(0),
+            prefix_lse_stride,
             suffix_output.stride(0),
             suffix_output.stride(1),
-            suffix_lse.stride(0),
+            suffix_lse_stride,
             DV=m.V_HEAD_DIM,
             DV_PAD=m.PREFILL_DV_PAD,
             BLOCK_T=m.PREFILL_MERGE_BLOCK_T,
             STORE_LSE=out_lse is not None,
             num_warps=4,
+            per_call=(per_call, _MERGE_SIZED, (out, out_lse, prefix_lse, suffix_lse), None),
         )
+
+
+#: the size-dependent ints of _merge_attn_states_kernel, in the order _merge_per_call gives them
+_MERGE_SIZED = ("num_tokens", "stride_out_lse_h", "stride_lse_a_h", "stride_lse_b_h")
+
+
+def _merge_per_call(heads, block_t):
+    """_launch_merge's grid and size-dependent ints (_MERGE_SIZED) as a function of its tensors out, out_lse (or None),
+    prefix_lse, suffix_lse (see _PreparedLaunch's per_call; max_seqlen unused): token blocks by heads, the token
+    count, the LSEs' strides by head (their token counts where dense)."""
+
+    def per_call(out, out_lse, prefix_lse, suffix_lse, max_seqlen):
+        num_tokens = out.shape[0]
+        out_lse_stride = out_lse.stride(0) if out_lse is not None else 0
+        return (cdiv(num_tokens, block_t), heads, 1), (
+            num_tokens,
+            out_lse_stride,
+            prefix_lse.stride(0),
+            suffix_lse.stride(0),
+        )
+
+    return per_call
 
 
 def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale=None):
@@ -2688,8 +2914,9 @@ def mla_chunked_prefill(
     config: as in mla_prefill, for both launches (default: each launch's tuned one, prefix and causal).
 
     The first calls with tensors of a given layout check everything and prepare the launches (prefix attention,
-    new-token attention, merge: mla_chunked_prefill_checked); later calls of that layout, num_prefix_tokens and
-    those scalars (chunked_prefill_signature) only expand their prefix and put their tensors and temporaries in
+    new-token attention, merge: mla_chunked_prefill_checked); later calls of that layout and those scalars
+    (chunked_prefill_signature), whatever their token counts, sequences, max_seqlen and prefix total, only expand
+    their prefix and put their tensors and temporaries in, grids and sizes computed from them
     (mla_chunked_prefill_prepared). While torch.compile traces it, the call is the module's chunked prefill op.
     """
     if compiling():
@@ -2707,13 +2934,39 @@ def mla_chunked_prefill(
     return outputs if return_lse else outputs[0]
 
 
+#: the names of a chunked prefill call's tensors past the new tokens' (q, k_nope, k_pe, v, cu_seqlens, out, lse)
+_CHUNKED_INPUT_NAMES = ("kv_cache", "block_table", "prefix_lens", "w_uk", "w_uv")
+
+
 def chunked_prefill_signature(inputs, addresses, max_seqlen, num_prefix_tokens, softmax_scale, return_lse, config):
-    """What a chunked prefill call's launches depend on besides where its tensors are: prefill_signature's of its
-    tensors (q, k_nope, k_pe, v, cu_seqlens, out, lse, kv_cache, block_table, prefix_lens, w_uk, w_uv) and scalars,
-    and num_prefix_tokens (the expanded prefix's rows: the layouts of the call's temporaries, _chunked_temporaries,
-    follow from it and the tensors' layouts). kv_scale goes into the expansion alone (torch's work, per call)."""
-    signature = prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config)
-    return ("chunked", num_prefix_tokens, *signature)
+    """What a chunked prefill call's launches depend on besides where its tensors are and the sizes the launches
+    take per call: prefill_signature's of its new tokens' tensors (q, k_nope, k_pe, v, cu_seqlens, out, lse) and
+    scalars; the layouts of kv_cache, w_uk and w_uv (whole: layout_signature), and of block_table and prefix_lens
+    but their sequence count (_token_layouts); and the prefix total's classes (_size_classes: the expanded prefix's
+    rows, no prefix keys at all). The call's temporaries (_chunked_temporaries) follow in layout from these, as
+    the per-call path checks. kv_scale goes into the expansion alone (torch's work, per call)."""
+    kv_cache, block_table, prefix_lens, w_uk, w_uv = inputs[7:12]
+    return (
+        "chunked",
+        *_size_classes(num_prefix_tokens),
+        *prefill_signature(inputs, addresses, max_seqlen, softmax_scale, return_lse, config),
+        *layout_signature((kv_cache, w_uk, w_uv), (addresses[7], addresses[10], addresses[11])),
+        *_token_layouts((block_table, prefix_lens), addresses[8:10]),
+    )
+
+
+def _temporaries_layout(temporaries, addresses):
+    """The layouts of a chunked prefill call's temporaries (_chunked_temporaries; addresses: their data_ptr()) but
+    their sizes: cu_prefix, the expanded prefix and the partial outputs by _token_layouts, the partial LSEs by
+    _lse_layout. Prepared launches take the temporaries as their tensors: a later call's must lie alike."""
+    cu_prefix, pre_k_nope, pre_k_pe, pre_v, o_prefix, lse_prefix, o_new, lse_new = temporaries
+    return (
+        *_token_layouts(
+            (cu_prefix, pre_k_nope, pre_k_pe, pre_v, o_prefix, o_new), [addresses[i] for i in (0, 1, 2, 3, 4, 6)]
+        ),
+        _lse_layout(lse_prefix, addresses[5]),
+        _lse_layout(lse_new, addresses[7]),
+    )
 
 
 def _chunked_temporaries(m, kv_cache, block_table, prefix_lens, num_prefix_tokens, w_uk, w_uv, kv_scale, num_tokens):
@@ -2755,34 +3008,41 @@ def mla_chunked_prefill_prepared(
 ):  # fmt: skip
     """mla_chunked_prefill's per-call path: (out, lse) of a call whose tensors and scalars have the signature
     (chunked_prefill_signature) of an earlier, fully checked call: the prefix expanded and the temporaries made
-    (_chunked_temporaries, as that call made them), then its launches with this call's tensors and temporaries.
-    Checked again: kv_scale (resolve_kv_scale), index values where validating, given out / lse against the call's
-    other tensors' memory. None where there is no such call (num_prefix_tokens not given: always), or the arguments
-    are of a kind the checks would reject or an output overlaps: mla_chunked_prefill then checks everything."""
-    if type(num_prefix_tokens) is not int or not _prepared_scalars(max_seqlen, softmax_scale, return_lse, config):
+    (_chunked_temporaries, as that call made them), then its launches with this call's tensors, temporaries,
+    grids and sizes (the launches' call_values). Checked again: the sizes against one another
+    (prepared_sizes_agree: block_table and prefix_lens of the batch too), kv_scale (resolve_kv_scale), index
+    values where validating, given out / lse against the call's memory, the temporaries' layouts against the
+    preparing call's. None where there is no such call (num_prefix_tokens not given: always), or the arguments are
+    of a kind or size the checks would reject, or a layout or size falls outside what was prepared:
+    mla_chunked_prefill then checks everything."""
+    if (
+        type(num_prefix_tokens) is not int
+        or num_prefix_tokens < 0
+        or not _prepared_scalars(max_seqlen, softmax_scale, return_lse, config)
+    ):
         return None
     inputs = [q, k_nope, k_pe, v, cu_seqlens, out, lse, kv_cache, block_table, prefix_lens, w_uk, w_uv]
     addresses, signature = _call_signature(
         inputs, chunked_prefill_signature, max_seqlen, num_prefix_tokens, softmax_scale, return_lse, config
     )
     prepared = m._PREFILL_LAUNCHES.get(signature)
-    if not prepared:  # (None: seen once; False: not reusable)
+    # (None: seen once; False: not reusable; the block table's and prefix lengths' rows: 8, 9)
+    if not prepared or not prepared_sizes_agree(inputs, max_seqlen, (8, 9)):
         return None
-    launches, out_layout, lse_layout, lengths = prepared
+    launches, temporaries_layout = prepared
     device = q.device
     kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
     if _validating(validate, device):
         _validate_chunked(m, q, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, num_prefix_tokens)
-    if not _prepared_outputs(m, inputs, addresses, lengths, out_layout, lse_layout, return_lse, device):
-        return None  # (an overlap: the checks name it)
     temporaries = _chunked_temporaries(
         m, kv_cache, block_table, prefix_lens, num_prefix_tokens, w_uk, w_uv, kv_scale, q.shape[0]
     )
+    temporary_addresses = [tensor.data_ptr() for tensor in temporaries]
+    if _temporaries_layout(temporaries, temporary_addresses) != temporaries_layout:
+        return None
     inputs += temporaries
-    addresses += [tensor.data_ptr() for tensor in temporaries]
-    if launches:
-        _launch_prepared(launches, inputs, addresses)
-    return inputs[5], inputs[6]
+    addresses += temporary_addresses
+    return _launch_prepared_prefill(m, launches, inputs, addresses, max_seqlen, return_lse, device, 12)
 
 
 def mla_chunked_prefill_checked(
@@ -2794,7 +3054,11 @@ def mla_chunked_prefill_checked(
     num_prefix_tokens is given) and issued."""
     signature = None
     given = (q, k_nope, k_pe, v, cu_seqlens, out, lse, kv_cache, block_table, prefix_lens, w_uk, w_uv)
-    if _options().direct_launch and type(num_prefix_tokens) is int:  # (out / lse it allocates count as not given)
+    if (
+        _options().direct_launch
+        and type(num_prefix_tokens) is int
+        and _prepared_scalars(max_seqlen, softmax_scale, return_lse, config)
+    ):  # (out / lse it allocates count as not given)
         signature = _call_signature(
             given, chunked_prefill_signature, max_seqlen, num_prefix_tokens, softmax_scale, return_lse, config
         )[1]
@@ -2858,7 +3122,8 @@ def mla_chunked_prefill_checked(
     _launch_merge(m, out, lse, o_prefix, lse_prefix, o_new, lse_new, recorded)
     if signature is not None:
         inputs = (*given[:5], out, lse, *given[7:], *temporaries)  # (out, lse as allocated)
-        _keep_prefill_launches(m, signature, recorded, inputs, given=len(given))
+        addresses = [tensor.data_ptr() for tensor in temporaries]
+        _keep_prefill_launches(m, signature, recorded, inputs, _temporaries_layout(temporaries, addresses))
     return out, lse
 
 

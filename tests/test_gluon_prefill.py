@@ -281,7 +281,7 @@ def test_gluon_prefill_goes_through_the_runtimes_launch_with_a_stable_key(module
         module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, tokens - tokens // 2, out, lse, 0.125, True)
         kernel, grid, args, constexprs, num_warps, num_stages = launches.pop()
         assert kernel is module._mla_prefill_gluon_kernel and num_warps == 4 and num_stages is None
-        assert grid == (2 * heads * -(-(tokens - tokens // 2) // module.PREFILL_GLUON_BLOCK_M),)
+        assert runtime._grid3(grid) == (2 * heads * -(-(tokens - tokens // 2) // module.PREFILL_GLUON_BLOCK_M), 1, 1)
         values = runtime._ordered_values(kernel, args, constexprs)
         assert len(values) == len(kernel.params)
         result = runtime._launch_key(kernel, values, tuple(runtime._launch_options(num_warps, None).items()))

@@ -1,8 +1,9 @@
 """mla_prefill's launches prepared once per signature (runtime.prefill_signature, mla_prefill_prepared).
 
-A call whose tensors and scalars have the signature of an earlier, fully checked call skips the checks and only
-puts its tensors into the prepared launch: these tests pin that it launches exactly what the checked path would
-(kernel, grid, every argument and constexpr, descriptors made on this call's tensors), for both backends (the
+A call whose tensors and scalars have the signature of an earlier, fully checked call (their layouts, not the batch
+shape: token counts, sequences, max_seqlen and prefix totals change from call to call) skips the checks and only
+puts its tensors and sizes into the prepared launch: these tests pin that it launches exactly what the checked path
+would (kernel, grid, every argument and constexpr, descriptors made on this call's tensors), for both backends (the
 Gluon kernel's launch is captured, not run: the interpreter does not run Gluon), that what depends on values is
 still checked, and that anything new sends a call back to the checks.
 """
@@ -172,21 +173,25 @@ def test_the_signature_keys_on_the_options_in_force(module, dispatched, checked_
 # ---- chunked prefill: the prefix attention, the new tokens' attention and the merge, prepared together ----------
 
 
-def _chunked_tensors(module, lengths, prefix_lens, *, k_pe_of_rows=False, misaligned_q=False, seed=0):
-    """_tensors' new tokens plus a paged latent cache holding `prefix_lens` (pages shuffled), its block table and
-    prefix_lens, and the up-projections w_uk, w_uv: every tensor fresh memory each call."""
+def _chunked_tensors(
+    module, lengths, prefix_lens, *, k_pe_of_rows=False, misaligned_q=False, seed=0, num_pages=None, table_width=None
+):
+    """_tensors' new tokens plus a paged latent cache holding `prefix_lens` (pages shuffled; num_pages of them, by
+    default one more than the prefixes take), its block table (table_width pages a row, by default the longest
+    prefix's) and prefix_lens, and the up-projections w_uk, w_uv: every tensor fresh memory each call."""
     q, k_nope, k_pe, v, cu = _tensors(module, lengths, k_pe_of_rows=k_pe_of_rows, misaligned_q=misaligned_q, seed=seed)
     g = torch.Generator().manual_seed(seed + 1000)
     heads, dn, dv, dc = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.V_HEAD_DIM, module.KV_LORA_RANK
     pages = [-(-length // module.PAGE_SIZE) for length in prefix_lens]
-    width = max(1, max(pages))
-    order = torch.randperm(sum(pages) + 1, generator=g).to(torch.int32)
+    width = table_width or max(1, max(pages))
+    num_pages = num_pages or sum(pages) + 1
+    order = torch.randperm(num_pages, generator=g).to(torch.int32)
     table = torch.zeros(len(prefix_lens), width, dtype=torch.int32)
     start = 0
     for b, count in enumerate(pages):
         table[b, :count] = order[start : start + count]
         start += count
-    cache = torch.randn(sum(pages) + 1, module.PAGE_SIZE, 1, dc + module.QK_ROPE_HEAD_DIM, generator=g)
+    cache = torch.randn(num_pages, module.PAGE_SIZE, 1, dc + module.QK_ROPE_HEAD_DIM, generator=g)
     w_uk = (torch.randn(heads, dn, dc, generator=g) / dc**0.5).to(module.DTYPE)
     w_uv = (torch.randn(heads, dv, dc, generator=g) / dc**0.5).to(module.DTYPE)
     plen = torch.tensor(prefix_lens, dtype=torch.int32, device=DEVICE)
@@ -372,3 +377,270 @@ def test_a_call_passing_one_tensor_twice_prepares_nothing(module, checked_calls)
     with use_options(direct_launch=False):
         want = module.mla_prefill(q, k_nope, k_pe, v, cu, 8)
     assert torch.equal(got, want)
+
+
+# ---- calls of any batch shape: the prepared launches take each call's token counts, sequences and sizes ----------
+
+
+def _size_key(chunked, lengths, prefix_lens):
+    """What of a call's batch shape its signature holds (runtime._size_classes of the token count and, chunked, of
+    the prefix total; whether max_seqlen is 0): calls alike in these share prepared launches."""
+    key = (*runtime._size_classes(sum(lengths)), max(lengths) == 0)
+    return key + (runtime._size_classes(sum(prefix_lens)) if chunked else ())
+
+
+_batch = st.lists(st.integers(0, 40), min_size=1, max_size=3)
+#: a cache and block table of one size for batches of up to 3 prefixes of up to 70 tokens
+_CACHE = dict(num_pages=16, table_width=4)
+
+
+@pytest.mark.parametrize("kind", ["prefill", "chunked"])
+@pytest.mark.parametrize("backend", ["triton", "gluon"])
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture], max_examples=25)
+@given(data=st.data())
+def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
+    module, kind, backend, data, dispatched, monkeypatch
+):
+    """A run of calls of one layout and changing batch shapes (token counts, sequences, max_seqlen, prefix totals):
+    from the second call of a signature on (its layout, scalars and size classes, _size_key) each call takes the
+    prepared launches, which launch exactly what the checked path launches for that call (grid, every argument and
+    constexpr; descriptors on this call's rows)."""
+    if backend == "gluon":
+        _gluon(module, monkeypatch)
+    chunked = kind == "chunked"
+    entry = module.mla_chunked_prefill if chunked else module.mla_prefill
+    checked_calls = _counted(monkeypatch, "mla_chunked_prefill_checked" if chunked else "mla_prefill_checked")
+    layout = data.draw(
+        st.fixed_dictionaries({"k_pe_of_rows": st.booleans(), "misaligned_q": st.booleans()}), label="layout"
+    )
+    return_lse = data.draw(st.booleans(), label="return_lse")
+    give_out, give_lse = data.draw(st.booleans(), label="out given"), data.draw(st.booleans(), label="lse given")
+    scale = data.draw(st.sampled_from([None, 0.0625]), label="softmax_scale")
+    tma = data.draw(st.booleans(), label="prefill_tma")
+    config = None if backend == "gluon" else data.draw(st.sampled_from([None, (16, 32, 4, 1)]), label="config")
+    shapes = []
+    for _ in range(data.draw(st.integers(3, 6), label="calls")):
+        lengths = data.draw(_batch, label="lengths")
+        prefix = st.lists(st.integers(0, 70), min_size=len(lengths), max_size=len(lengths))
+        shapes.append((lengths, data.draw(prefix, label="prefix_lens") if chunked else None))
+    heads = module.NUM_HEADS
+
+    def call(seed, lengths, prefix_lens):
+        tokens, max_seqlen = sum(lengths), max(lengths)
+        if chunked:  # (a serving engine's cache and block table: one size for every batch)
+            tensors = _chunked_tensors(module, lengths, prefix_lens, seed=seed, **layout, **_CACHE)
+            arguments = (*tensors[:5], max_seqlen, *tensors[5:])
+            extra = dict(num_prefix_tokens=sum(prefix_lens))
+        else:
+            arguments, extra = (*_tensors(module, lengths, seed=seed, **layout), max_seqlen), {}
+        out = torch.empty(tokens, heads, module.V_HEAD_DIM, dtype=module.DTYPE) if give_out else None
+        lse = torch.empty(heads, tokens, dtype=torch.float32) if give_lse else None
+        result = entry(
+            *arguments, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse, config=config, validate=False,
+            **extra,
+        )  # fmt: skip
+        out = out if give_out else result[0] if return_lse else result
+        lse = lse if give_lse else result[1] if return_lse else None
+        return arguments, extra, out, lse
+
+    module._PREFILL_LAUNCHES.clear()
+    seen = {}
+    with use_options(prefill_tma=tma):
+        for seed, (lengths, prefix_lens) in enumerate(shapes):
+            key = _size_key(chunked, lengths, prefix_lens)
+            seen[key] = seen.get(key, 0) + 1
+            dispatched.clear()
+            checked_calls.clear()
+            arguments, extra, out, lse = call(seed, lengths, prefix_lens)
+            fast, took_checks = list(dispatched), bool(checked_calls)
+            dispatched.clear()
+            with use_options(direct_launch=False):  # the checked path's launches with the same tensors and outputs
+                entry(
+                    *arguments, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse, config=config,
+                    validate=False, **extra,
+                )  # fmt: skip
+            # (the Gluon kernel's misaligned q: a copy each call, never prepared)
+            copied = backend == "gluon" and layout["misaligned_q"] and max(lengths) > 0
+            note(f"call {seed}: {lengths} {prefix_lens}, checked: {took_checks}, launches: {len(fast)}")
+            assert took_checks == (seen[key] <= 2 or copied)
+            given_tensors = (*arguments[:5], out, lse)
+            fast, checked = _canonical(fast, given_tensors), _canonical(dispatched, given_tensors)
+            assert [launch[:2] for launch in fast] == [launch[:2] for launch in checked]
+            for (_, _, got), (_, _, want) in zip(fast, checked, strict=True):
+                assert {name: value for name, value in got.items() if value != want[name]} == {} or copied
+
+
+def _poisoned_outputs(module, tokens):
+    """out and lse for `tokens` tokens, NaN: an element a launch leaves unwritten shows."""
+    out = torch.full((tokens, module.NUM_HEADS, module.V_HEAD_DIM), float("nan"), dtype=module.DTYPE)
+    return dict(out=out, lse=torch.full((module.NUM_HEADS, tokens), float("nan")))
+
+
+#: batch shapes of one size class (token counts and prefix totals neither 0, 1 nor multiples of 16)
+_SHAPES = [((7, 5), (20, 0)), ((9, 3, 2), (3, 17, 9)), ((13,), (30,)), ((5, 6), (12, 1)), ((2, 1, 8), (0, 5, 40))]
+
+
+@pytest.mark.parametrize("give_outputs", [False, True])
+@pytest.mark.parametrize("kind", ["prefill", "chunked"])
+def test_calls_of_changing_batch_shapes_give_the_checked_calls_results(module, kind, give_outputs, monkeypatch):
+    """Bit for bit, in the interpreter: every call a new batch shape of one layout, fresh tensors, given outputs
+    poisoned (NaN); all but the first two calls take the prepared launches."""
+    chunked = kind == "chunked"
+    entry = module.mla_chunked_prefill if chunked else module.mla_prefill
+    checked_calls = _counted(monkeypatch, "mla_chunked_prefill_checked" if chunked else "mla_prefill_checked")
+    module._PREFILL_LAUNCHES.clear()
+    for seed, (lengths, prefix_lens) in enumerate(_SHAPES):
+        tokens, max_seqlen = sum(lengths), max(lengths)
+        if chunked:
+            tensors = _chunked_tensors(module, lengths, prefix_lens, seed=seed, k_pe_of_rows=True, **_CACHE)
+            arguments = (*tensors[:5], max_seqlen, *tensors[5:])
+            extra = dict(num_prefix_tokens=sum(prefix_lens), return_lse=True)
+        else:
+            arguments = (*_tensors(module, lengths, seed=seed, k_pe_of_rows=True), max_seqlen)
+            extra = dict(return_lse=True)
+        given = _poisoned_outputs(module, tokens) if give_outputs else {}
+        before = len(checked_calls)
+        got, got_lse = entry(*arguments, **extra, **given)
+        assert len(checked_calls) - before == (seed < 2)
+        with use_options(direct_launch=False):
+            want, want_lse = entry(*arguments, **extra, **_poisoned_outputs(module, tokens))
+        assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+        assert not got.isnan().any() and not got_lse.isnan().any()
+        assert got.shape == (tokens, module.NUM_HEADS, module.V_HEAD_DIM) and got_lse.shape == (
+            module.NUM_HEADS,
+            tokens,
+        )
+        if give_outputs:
+            assert got.data_ptr() == given["out"].data_ptr() and got_lse.data_ptr() == given["lse"].data_ptr()
+
+
+def _warm_shapes(module, make, calls=2):
+    """Two calls of _SHAPES' first two batch shapes (the signature seen, then prepared)."""
+    module._PREFILL_LAUNCHES.clear()
+    for lengths, prefix_lens in _SHAPES[:calls]:
+        make(lengths, prefix_lens)
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["k_pe dense", "return_lse", "a multiple of 16 tokens", "one token", "max_seqlen 0", "tma off", "lse given"],
+)
+def test_a_call_that_changes_a_keyed_property_does_not_reuse_a_prepared_launch(
+    module, change, dispatched, checked_calls
+):
+    """After a layout is prepared, a call differing in what the launch is specialised on (a stride pattern, the LSE,
+    a size class, the options) takes the checked path, and launches what the checked path launches."""
+
+    def call(lengths, prefix_lens=None, *, k_pe_of_rows=True, return_lse=False, lse=None, max_seqlen=None):
+        q, k_nope, k_pe, v, cu = _tensors(module, lengths, k_pe_of_rows=k_pe_of_rows)
+        max_seqlen = max(lengths) if max_seqlen is None else max_seqlen
+        module.mla_prefill(q, k_nope, k_pe, v, cu, max_seqlen, return_lse=return_lse, lse=lse)
+        return q, k_nope, k_pe, v, cu, max_seqlen, lse
+
+    _warm_shapes(module, call)
+    lengths = (5, 6)
+    arguments = {}
+    if change == "k_pe dense":
+        arguments = dict(k_pe_of_rows=False)
+    elif change == "return_lse":
+        arguments = dict(return_lse=True)
+    elif change == "a multiple of 16 tokens":
+        lengths = (9, 7)
+    elif change == "one token":
+        lengths = (1,)
+    elif change == "max_seqlen 0":
+        lengths = (0, 0)
+    elif change == "lse given":
+        arguments = dict(lse=torch.empty(module.NUM_HEADS, 11))
+    dispatched.clear()
+    checked_calls.clear()
+    with use_options(prefill_tma=change != "tma off"):
+        q, k_nope, k_pe, v, cu, max_seqlen, lse = call(lengths, **arguments)
+        assert len(checked_calls) == 1
+        fast = list(dispatched)
+        dispatched.clear()
+        with use_options(direct_launch=False):
+            module.mla_prefill(
+                q, k_nope, k_pe, v, cu, max_seqlen, return_lse=arguments.get("return_lse", False), lse=lse
+            )
+    assert [launch[:2] for launch in fast] == [launch[:2] for launch in dispatched]
+    given = (q, k_nope, k_pe, v, cu, None, lse)
+    assert _canonical(fast, given) == _canonical(dispatched, given)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ("k_nope of other tokens", r"^k_nope: expected shape \[12,"),
+        ("out of other tokens", r"^out: expected shape \(12,"),
+        ("lse of other tokens", r"^lse: expected float32 \["),
+        ("max_seqlen past the tokens", r"^max_seqlen: 13 is more than the number of tokens \(12\)"),
+        ("q of another dtype", r"^q: expected dtype"),
+        ("q of other heads", r"^q: expected \d+ heads"),
+        ("no sequence", r"^cu_seqlens: expected \[B\+1\] with B >= 1"),
+    ],
+)
+def test_sizes_that_disagree_are_rejected_after_warm_up(module, change, match, dispatched):
+    """A prepared layout takes any batch shape, but its sizes must agree with one another as the checks require:
+    a call whose do not goes to the checks (and launches nothing)."""
+    _warm_shapes(module, lambda lengths, _: module.mla_prefill(*_tensors(module, lengths), max(lengths)))
+    q, k_nope, k_pe, v, cu = _tensors(module, (5, 7))
+    heads, dv = module.NUM_HEADS, module.V_HEAD_DIM
+    kwargs, max_seqlen = {}, 7
+    if change == "k_nope of other tokens":
+        k_nope = _tensors(module, (5, 8))[1]
+    elif change == "out of other tokens":
+        kwargs = dict(out=torch.empty(13, heads, dv, dtype=module.DTYPE))
+    elif change == "lse of other tokens":
+        kwargs = dict(lse=torch.empty(heads, 13))
+    elif change == "max_seqlen past the tokens":
+        max_seqlen = 13
+    elif change == "q of another dtype":
+        q = q.to({torch.float16: torch.bfloat16}.get(module.DTYPE, torch.float16))
+    elif change == "q of other heads":
+        q = q[:, :-1]
+    elif change == "no sequence":
+        cu = cu[:1]
+    dispatched.clear()
+    with pytest.raises(ValueError, match=match):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, max_seqlen, validate=False, **kwargs)
+    assert not dispatched
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ("block_table of another batch", r"^block_table: batch size 3 disagrees with 2"),
+        ("prefix_lens of another batch", r"^prefix_lens: batch size 3 disagrees with 2"),
+        ("a negative prefix total", r"^num_prefix_tokens: must be an int >= 0, got -1"),
+    ],
+)
+def test_chunked_sizes_that_disagree_are_rejected_after_warm_up(module, change, match, dispatched):
+    def call(lengths, prefix_lens):
+        tensors = _chunked_tensors(module, lengths, prefix_lens, **_CACHE)
+        module.mla_chunked_prefill(*tensors[:5], max(lengths), *tensors[5:], num_prefix_tokens=sum(prefix_lens))
+
+    _warm_shapes(module, call)
+    tensors = list(_chunked_tensors(module, (5, 7), (12, 9), **_CACHE))
+    total = 21
+    other = _chunked_tensors(module, (5, 7, 1), (12, 9, 3), **_CACHE)
+    if change == "block_table of another batch":
+        tensors[6] = other[6]
+    elif change == "prefix_lens of another batch":
+        tensors[7] = other[7]
+    else:
+        total = -1
+    dispatched.clear()
+    with pytest.raises(ValueError, match=match):
+        module.mla_chunked_prefill(*tensors[:5], 7, *tensors[5:], validate=False, num_prefix_tokens=total)
+    assert not dispatched
+
+
+def test_a_list_config_is_checked_every_call(module, checked_calls):
+    """The prefill op passes its config as a list, which the checks accept and a signature cannot hold (it is not
+    hashable): such calls are checked every time, never prepared."""
+    module._PREFILL_LAUNCHES.clear()
+    tensors = _tensors(module, (8,))
+    for _ in range(3):
+        module.mla_prefill(*tensors, 8, config=[16, 32, 4, 1])
+    assert len(checked_calls) == 3 and not module._PREFILL_LAUNCHES

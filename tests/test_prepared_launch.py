@@ -475,3 +475,56 @@ def test_dispatch_sets_compile_hooks_aside_for_gluon_kernels_only(monkeypatch, g
     with pytest.raises(RuntimeError, match="compile failed"):
         runtime._dispatch(Failing(gluon), (1, 1, 1), (), {})
     assert triton.knobs.runtime.jit_post_compile_hook is post_compile_hook
+
+
+@pytest.mark.skipif(not _TRITON_36, reason="the raw launch is written against Triton 3.6's launcher")
+def test_a_raw_launch_of_changing_sizes_passes_what_tritons_launcher_passes(build_module, monkeypatch):
+    """A launch prepared with per_call (a prefill's: grid and ints from the call's tensors, descriptors over their
+    sources' leading rows) passes each call's grid, ints and descriptors at its rows, as Triton's launcher would;
+    an int of another class (another compiled kernel) is declined."""
+    build_module(**SPEC)
+    fake = _FakeDriver()
+    monkeypatch.setattr(triton.runtime.driver, "_active", fake)
+    monkeypatch.setattr(runtime, "_INTERPRET", False)
+    c_launch = _RecordingCLaunch()
+    compiled = _FakeCompiled(_cuda_launcher(c_launch))
+    kernel = _CompilingKernel(list(_SIGNATURE), compiled)
+
+    def per_call(a, c, max_seqlen):
+        return (a.shape[0] * 2, max_seqlen, 1), (c.shape[0] + 5,)
+
+    def call_tensors(rows_a, rows_b, rows_c):
+        return torch.randn(rows_a, 16), torch.randn(rows_b, 24), torch.randn(rows_c, 16)
+
+    a, b, c = call_tensors(8, 32, 40)
+    work = torch.zeros(4)
+    args = (
+        a,
+        runtime.TensorDescriptor(b[:, 8:], [32, 16], [24, 1], [16, 16]),
+        work,
+        runtime.TensorDescriptor(c, [40, 16], [16, 1], [8, 16]),
+        45,
+        0.5,
+        None,
+    )
+    launch = runtime._PreparedLaunch(
+        kernel, (16, 3, 1), (a, b, c), (work,), args, {"X": 3}, num_warps=4, per_call=(per_call, ("N",), (a, c), 3)
+    )
+    assert launch.reusable and launch.per_call
+    inputs = call_tensors(4, 48, 50)
+    launch.launch(inputs, launch.call_values(inputs, 7))  # the first launch: Triton's dispatch
+    assert kernel.dispatched == 1 and launch.raw is not None and not c_launch.calls
+    for rows, max_seqlen in (((8, 32, 40), 3), ((5, 24, 60), 9), ((12, 40, 50), 1)):
+        inputs = call_tensors(*rows)
+        call = launch.call_values(inputs, max_seqlen)
+        launch.launch(inputs, call)
+        raw = c_launch.calls.pop()
+        runtime._launch_compiled(compiled, call[0], launch.arguments(inputs, call), 0)  # CudaLauncher, its `inner`
+        assert raw == _as_addresses(c_launch.calls.pop())
+        assert raw[:3] == (rows[0] * 2, max_seqlen, 1)
+        assert raw[14][:2] == ("tensor map", inputs[1].data_ptr() + 8 * inputs[1].element_size())
+        assert raw[15:19] == (rows[1], 16, 24, 1)  # the descriptor at the call's rows
+        assert raw[20:22] == (inputs[2].data_ptr(), rows[2])  # the pointer-lowered descriptor: base, rows
+        assert rows[2] + 5 in raw[21:]
+    assert launch.call_values(call_tensors(8, 32, 11), 3) is None  # N = 16: another class
+    assert kernel.dispatched == 1
