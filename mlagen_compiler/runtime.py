@@ -2620,19 +2620,26 @@ def mla_prefill_prepared(
     device = q.device
     if _validating(validate, device):
         _validate_cu_seqlens(cu_seqlens, q.shape[0], max_seqlen)
+    _check_given_outputs_apart(inputs)
     return _launch_prepared_prefill(m, prepared[0], inputs, addresses, max_seqlen, return_lse, device)
 
 
-def _launch_prepared_prefill(m, launches, inputs, addresses, max_seqlen, return_lse, device, inputs_given=7):
-    """A prepared prefill call's launches (launches: m._PREFILL_LAUNCHES's; inputs, addresses: the call's tensors
-    and their data_ptr(), out and lse at positions 5 and 6, temporaries past inputs_given) after the checks that
-    depend on where given out / lse lie: (out, lse), allocated where not given as the checked call allocates them;
-    None where a launch's sizes fall outside its prepared specialisation (call_values)."""
-    out, lse = inputs[5], inputs[6]
-    if out is not None or lse is not None:
+def _check_given_outputs_apart(inputs):
+    """A prepared prefill call's given out / lse (inputs: the call's tensors as given, out and lse at positions 5
+    and 6) against the memory of its other tensors, as the checked call checks them (before anything is made or
+    launched)."""
+    if inputs[5] is not None or inputs[6] is not None:
         names = ("q", "k_nope", "k_pe", "v", "cu_seqlens", "out", "lse", *_CHUNKED_INPUT_NAMES)
-        given = list(zip(names[:inputs_given], inputs[:inputs_given], strict=True))
+        given = list(zip(names, inputs, strict=False))
         _check_no_overlap(given[5:7], given[:5] + given[7:])
+
+
+def _launch_prepared_prefill(m, launches, inputs, addresses, max_seqlen, return_lse, device):
+    """A prepared prefill call's launches (launches: m._PREFILL_LAUNCHES's; inputs, addresses: the call's tensors
+    and their data_ptr(), out and lse at positions 5 and 6, then any temporaries), its given out / lse checked
+    (_check_given_outputs_apart): (out, lse), allocated where not given as the checked call allocates them; None
+    where a launch's sizes fall outside its prepared specialisation (call_values)."""
+    out, lse = inputs[5], inputs[6]
     num_tokens = inputs[0].shape[0]
     if out is None:
         inputs[5] = torch.empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=m.DTYPE, device=device)
@@ -3034,6 +3041,7 @@ def mla_chunked_prefill_prepared(
     kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
     if _validating(validate, device):
         _validate_chunked(m, q, cu_seqlens, max_seqlen, kv_cache, block_table, prefix_lens, num_prefix_tokens)
+    _check_given_outputs_apart(inputs)
     temporaries = _chunked_temporaries(
         m, kv_cache, block_table, prefix_lens, num_prefix_tokens, w_uk, w_uv, kv_scale, q.shape[0]
     )
@@ -3042,7 +3050,7 @@ def mla_chunked_prefill_prepared(
         return None
     inputs += temporaries
     addresses += temporary_addresses
-    return _launch_prepared_prefill(m, launches, inputs, addresses, max_seqlen, return_lse, device, 12)
+    return _launch_prepared_prefill(m, launches, inputs, addresses, max_seqlen, return_lse, device)
 
 
 def mla_chunked_prefill_checked(
