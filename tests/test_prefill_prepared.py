@@ -433,8 +433,8 @@ def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
             extra = dict(num_prefix_tokens=sum(prefix_lens))
         else:
             arguments, extra = (*_tensors(module, lengths, seed=seed, **layout), max_seqlen), {}
-        out = torch.empty(tokens, heads, module.V_HEAD_DIM, dtype=module.DTYPE) if give_out else None
-        lse = torch.empty(heads, tokens, dtype=torch.float32) if give_lse else None
+        out = torch.empty(tokens, heads, module.V_HEAD_DIM, dtype=module.DTYPE, device=DEVICE) if give_out else None
+        lse = torch.empty(heads, tokens, dtype=torch.float32, device=DEVICE) if give_lse else None
         result = entry(
             *arguments, softmax_scale=scale, return_lse=return_lse, out=out, lse=lse, config=config, validate=False,
             **extra,
@@ -472,8 +472,8 @@ def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
 
 def _poisoned_outputs(module, tokens):
     """out and lse for `tokens` tokens, NaN: an element a launch leaves unwritten shows."""
-    out = torch.full((tokens, module.NUM_HEADS, module.V_HEAD_DIM), float("nan"), dtype=module.DTYPE)
-    return dict(out=out, lse=torch.full((module.NUM_HEADS, tokens), float("nan")))
+    out = torch.full((tokens, module.NUM_HEADS, module.V_HEAD_DIM), float("nan"), dtype=module.DTYPE, device=DEVICE)
+    return dict(out=out, lse=torch.full((module.NUM_HEADS, tokens), float("nan"), device=DEVICE))
 
 
 #: batch shapes of one size class (token counts and prefix totals neither 0, 1 nor multiples of 16)
@@ -551,7 +551,7 @@ def test_a_call_that_changes_a_keyed_property_does_not_reuse_a_prepared_launch(
     elif change == "max_seqlen 0":
         lengths = (0, 0)
     elif change == "lse given":
-        arguments = dict(lse=torch.empty(module.NUM_HEADS, 11))
+        arguments = dict(lse=torch.empty(module.NUM_HEADS, 11, device=DEVICE))
     dispatched.clear()
     checked_calls.clear()
     with use_options(prefill_tma=change != "tma off"):
@@ -590,9 +590,9 @@ def test_sizes_that_disagree_are_rejected_after_warm_up(module, change, match, d
     if change == "k_nope of other tokens":
         k_nope = _tensors(module, (5, 8))[1]
     elif change == "out of other tokens":
-        kwargs = dict(out=torch.empty(13, heads, dv, dtype=module.DTYPE))
+        kwargs = dict(out=torch.empty(13, heads, dv, dtype=module.DTYPE, device=DEVICE))
     elif change == "lse of other tokens":
-        kwargs = dict(lse=torch.empty(heads, 13))
+        kwargs = dict(lse=torch.empty(heads, 13, device=DEVICE))
     elif change == "max_seqlen past the tokens":
         max_seqlen = 13
     elif change == "q of another dtype":
