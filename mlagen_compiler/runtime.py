@@ -2598,6 +2598,20 @@ def _launch_merge(m, out, out_lse, prefix_output, prefix_lse, suffix_output, suf
         )
 
 
+def _cache_row_constexprs(m):
+    """The constexprs of the kernels that move whole latent rows between the paged cache and packed tensors
+    (_mla_cache_write_kernel, _mla_cache_gather_kernel): the row's two parts, their padded widths, the page size and
+    the tokens a program moves."""
+    return dict(
+        DC=m.KV_LORA_RANK,
+        DR=m.QK_ROPE_HEAD_DIM,
+        DC_PAD=m.CACHE_WRITE_DC_PAD,
+        DR_PAD=m.CACHE_WRITE_DR_PAD,
+        PAGE_SIZE=m.PAGE_SIZE,
+        BLOCK_T=m.CACHE_WRITE_BLOCK_T,
+    )
+
+
 def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale=None):
     """Gather the cached prefixes from the paged latent cache and expand them to MHA form.
 
@@ -2626,13 +2640,8 @@ def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens,
             kv_cache.stride(0),
             kv_cache.stride(1),
             block_table.stride(0),
-            DC=m.KV_LORA_RANK,
-            DR=m.QK_ROPE_HEAD_DIM,
-            DC_PAD=m.CACHE_WRITE_DC_PAD,
-            DR_PAD=m.CACHE_WRITE_DR_PAD,
-            PAGE_SIZE=m.PAGE_SIZE,
-            BLOCK_T=m.CACHE_WRITE_BLOCK_T,
             num_warps=4,
+            **_cache_row_constexprs(m),
         )
     c_kv = rows[:, : m.KV_LORA_RANK]
     k_nope = (c_kv @ w_uk.reshape(m.NUM_HEADS * m.QK_NOPE_HEAD_DIM, m.KV_LORA_RANK).t()).view(
@@ -2926,12 +2935,7 @@ def mla_cache_write(m, c_kv, k_pe, kv_cache, slot_mapping, *, kv_scale=None, val
             kv_cache.stride(1),
             c_kv.stride(0),
             k_pe.stride(0),
-            DC=m.KV_LORA_RANK,
-            DR=m.QK_ROPE_HEAD_DIM,
-            DC_PAD=m.CACHE_WRITE_DC_PAD,
-            DR_PAD=m.CACHE_WRITE_DR_PAD,
-            PAGE_SIZE=m.PAGE_SIZE,
-            BLOCK_T=m.CACHE_WRITE_BLOCK_T,
             num_warps=4,
+            **_cache_row_constexprs(m),
         )
     return kv_cache
