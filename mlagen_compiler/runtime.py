@@ -211,13 +211,21 @@ def _check_host_int(value, name, minimum=0):
     )
 
 
-def _check_device(device, name):
-    """A device the kernels can run on: a meta tensor holds no data (the wrappers read index values)."""
+def _check_device(device, name, *, tensors=True):
+    """A device the kernels can run on: a meta tensor holds no data (the wrappers read index values); tensors
+    (False: a device named for a schedule, which reads none) must be CUDA tensors unless Triton interprets the
+    kernels (compiled kernels cannot read host memory)."""
     _check(
         device.type != "meta",
         name,
         "a meta tensor holds no data: the kernels need CUDA tensors (or CPU "
         "tensors under TRITON_INTERPRET=1); torch.compile's fake tensors go through the module's ops",
+    )
+    _check(
+        not tensors or _INTERPRET or device.type == "cuda",
+        name,
+        f"a {device.type} tensor: the compiled kernels read CUDA tensors (CPU tensors run only under "
+        "TRITON_INTERPRET=1, Triton's interpreter)",
     )
 
 
@@ -1409,7 +1417,7 @@ def get_decode_schedule(
     _check_host_int(batch_size, "batch_size", 1)
     _check_host_int(seqlen_q, "seqlen_q", 1)
     device = _device_or_default(device)
-    _check_device(device, "device")
+    _check_device(device, "device", tensors=False)
     rows = seqlen_q * m.NUM_HEADS
     chosen, reason = m.decode_backend(
         device, backend, knobs_given=config is not None or block_m is not None, total_rows=batch_size * rows
