@@ -211,13 +211,21 @@ def _check_host_int(value, name, minimum=0):
     )
 
 
-def _check_device(device, name):
-    """A device the kernels can run on: a meta tensor holds no data (the wrappers read index values)."""
+def _check_device(device, name, *, tensors=True):
+    """A device the kernels can run on: a meta tensor holds no data (the wrappers read index values); tensors
+    (False: a device named for a schedule, which reads none) must be CUDA tensors unless Triton interprets the
+    kernels (compiled kernels cannot read host memory)."""
     _check(
         device.type != "meta",
         name,
         "a meta tensor holds no data: the kernels need CUDA tensors (or CPU "
         "tensors under TRITON_INTERPRET=1); torch.compile's fake tensors go through the module's ops",
+    )
+    _check(
+        not tensors or _INTERPRET or device.type == "cuda",
+        name,
+        f"a {device.type} tensor: the compiled kernels read CUDA tensors (CPU tensors run only under "
+        "TRITON_INTERPRET=1, Triton's interpreter)",
     )
 
 
@@ -1518,7 +1526,7 @@ def get_decode_schedule(
     _check_host_int(batch_size, "batch_size", 1)
     _check_host_int(seqlen_q, "seqlen_q", 1)
     device = _device_or_default(device)
-    _check_device(device, "device")
+    _check_device(device, "device", tensors=False)
     rows = seqlen_q * m.NUM_HEADS
     chosen, reason = m.decode_backend(
         device, backend, knobs_given=config is not None or block_m is not None, total_rows=batch_size * rows
@@ -2831,6 +2839,20 @@ def _merge_per_call(heads, block_t):
     return per_call
 
 
+def _cache_row_constexprs(m):
+    """The constexprs of the kernels that move whole latent rows between the paged cache and packed tensors
+    (_mla_cache_write_kernel, _mla_cache_gather_kernel): the row's two parts, their padded widths, the page size and
+    the tokens a program moves."""
+    return dict(
+        DC=m.KV_LORA_RANK,
+        DR=m.QK_ROPE_HEAD_DIM,
+        DC_PAD=m.CACHE_WRITE_DC_PAD,
+        DR_PAD=m.CACHE_WRITE_DR_PAD,
+        PAGE_SIZE=m.PAGE_SIZE,
+        BLOCK_T=m.CACHE_WRITE_BLOCK_T,
+    )
+
+
 def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale=None):
     """Gather the cached prefixes from the paged latent cache and expand them to MHA form.
 
@@ -2859,13 +2881,8 @@ def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens,
             kv_cache.stride(0),
             kv_cache.stride(1),
             block_table.stride(0),
-            DC=m.KV_LORA_RANK,
-            DR=m.QK_ROPE_HEAD_DIM,
-            DC_PAD=m.CACHE_WRITE_DC_PAD,
-            DR_PAD=m.CACHE_WRITE_DR_PAD,
-            PAGE_SIZE=m.PAGE_SIZE,
-            BLOCK_T=m.CACHE_WRITE_BLOCK_T,
             num_warps=4,
+            **_cache_row_constexprs(m),
         )
     c_kv = rows[:, : m.KV_LORA_RANK]
     k_nope = (c_kv @ w_uk.reshape(m.NUM_HEADS * m.QK_NOPE_HEAD_DIM, m.KV_LORA_RANK).t()).view(
@@ -3199,12 +3216,7 @@ def mla_cache_write(m, c_kv, k_pe, kv_cache, slot_mapping, *, kv_scale=None, val
             kv_cache.stride(1),
             c_kv.stride(0),
             k_pe.stride(0),
-            DC=m.KV_LORA_RANK,
-            DR=m.QK_ROPE_HEAD_DIM,
-            DC_PAD=m.CACHE_WRITE_DC_PAD,
-            DR_PAD=m.CACHE_WRITE_DR_PAD,
-            PAGE_SIZE=m.PAGE_SIZE,
-            BLOCK_T=m.CACHE_WRITE_BLOCK_T,
             num_warps=4,
+            **_cache_row_constexprs(m),
         )
     return kv_cache

@@ -8,6 +8,7 @@ import pytest
 import torch
 from helpers import SMALL_SPEC
 
+from mlagen_compiler import runtime
 from mlagen_compiler.options import Options, use_options
 from mlagen_compiler.reference import prefill_varlen
 from mlagen_compiler.verify import compare_with_lse, paged_block_table
@@ -351,6 +352,29 @@ def test_meta_tensors_are_refused_by_name(module):
     lse = torch.empty(module.NUM_HEADS, 8, device=meta)
     with pytest.raises(ValueError, match="^prefix_output" + message):
         module.merge_attn_states(o, lse, o, lse)
+
+
+def test_host_tensors_are_refused_by_name_where_the_kernels_are_compiled(module, monkeypatch):
+    """Outside the interpreter the kernels are compiled for the GPU and cannot read host memory: a CPU tensor is a
+    one-line error naming the argument, not Triton's launcher error (the interpreter is switched off for the check
+    only; nothing is launched)."""
+    message = r": a cpu tensor: the compiled kernels read CUDA tensors \(CPU tensors run only under TRITON_INTERPRET=1"
+    cpu = torch.device("cpu")
+    dq, kv, table, lengths = (t.to(cpu) for t in decode_args(module, [9, 11]))
+    q, k_nope, k_pe, v, cu = (t.to(cpu) for t in mha(module, [3, 5]))
+    rows = torch.randn(3, 80).to(module.DTYPE)
+    o = torch.randn(8, module.NUM_HEADS, module.V_HEAD_DIM)
+    lse = torch.randn(module.NUM_HEADS, 8)
+    monkeypatch.setattr(runtime, "_INTERPRET", False)
+    with pytest.raises(ValueError, match="^q" + message):
+        module.mla_decode(dq, kv, table, lengths)
+    with pytest.raises(ValueError, match="^q" + message):
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5)
+    with pytest.raises(ValueError, match="^c_kv" + message):
+        module.mla_cache_write(rows[:, :64], rows[:, 64:], kv, torch.zeros(3, dtype=torch.int64))
+    with pytest.raises(ValueError, match="^prefix_output" + message):
+        module.merge_attn_states(o, lse, o, lse)
+    module.get_decode_schedule(2, 1, cpu)  # (a schedule reads no tensor)
 
 
 def test_prefill_outputs_that_overlap_each_other_or_an_input_are_refused(module):
