@@ -132,15 +132,18 @@ def run_row(rows: list[dict], args, kind: str, label: str, measure: Callable[...
 def decode_rows(builds: Builds, args) -> list[dict]:
     rows, labels, rounds = [], builds.labels, args.rounds
     for case in bench_decode.cases(quick=False):
-        if args.only and not any(word in f"decode {case.name}" for word in args.only):
-            continue
         base = case.spec.replace("-", "_")
         for cache, name in (("bf16", base), ("fp8", FP8_MODULES.get(base))):
-            modules = builds.modules(name) if name else None
+            # (--only matches the row's whole name: case, cache and backend)
+            chosen = [
+                (backend, f"{case.name} {cache} {backend}")
+                for backend in DECODE_BACKENDS
+                if not args.only or any(word in f"decode {case.name} {cache} {backend}" for word in args.only)
+            ]
+            modules = builds.modules(name) if name and chosen else None
             if modules is None:
                 continue
-            for backend in DECODE_BACKENDS:
-                label = f"{case.name} {cache} {backend}"
+            for backend, label in chosen:
                 run_row(rows, args, "decode", label, decode_case, modules, labels, case, label, backend, rounds)
     return rows
 

@@ -389,6 +389,30 @@ def test_before_after_rows_record_errors_and_the_time_budget(capsys):
     assert before_after.verdict({**timed, "check": "after differs"}, 0.02) == "WRONG"
 
 
+def test_before_after_only_matches_a_rows_whole_name(monkeypatch):
+    """--only words match the decode row's name with its cache and backend ("... fix bf16" selects both backends of
+    the bf16 cache), and a case none of whose rows match loads no module."""
+    import before_after
+
+    loaded, labels = [], []
+
+    class Builds:
+        labels = ["before", "after"]
+
+        def modules(self, name):
+            loaded.append(name)
+            return [name]
+
+    monkeypatch.setattr(before_after, "run_row", lambda rows, args, kind, label, *rest: labels.append(label))
+    args = SimpleNamespace(only=["H16 B128 S8192 Sq2 fix bf16"], rounds=1)
+    before_after.decode_rows(Builds(), args)
+    assert labels == ["H16 B128 S8192 Sq2 fix bf16 gluon", "H16 B128 S8192 Sq2 fix bf16 triton"]
+    assert loaded == ["deepseek_v3_tp8"]
+    labels.clear()
+    before_after.decode_rows(Builds(), SimpleNamespace(only=["Mistral-S4 H32 B128 S8192 fp8 gluon"], rounds=1))
+    assert labels == ["Mistral-S4 H32 B128 S8192 fp8 gluon"]
+
+
 @pytest.mark.parametrize("value", ["generated", "=generated", "after=", "after=/no/such/folder"])
 def test_before_after_refuses_a_bad_build(value, capsys):
     import argparse
