@@ -344,9 +344,11 @@ def resolve_kv_scale(m, kv_scale, device, validate=None):
 _COMPILED = {}
 
 
-def _int_class(value):
-    """What Triton reads of a runtime int: equality to 1, divisibility by 16, width (i32, i64, u64)."""
-    return value == 1, value % 16 == 0, -(2**31) <= value < 2**31, value < 2**63
+def _int_class(value, specialized=True):
+    """What Triton reads of a runtime int: equality to 1, divisibility by 16, width (i32, i64, u64); of a
+    do_not_specialize one (specialized False), its width alone."""
+    width = -(2**31) <= value < 2**31, value < 2**63
+    return (value == 1, value % 16 == 0, *width) if specialized else width
 
 
 def _launch_key(kernel, values, options):
@@ -365,7 +367,7 @@ def _launch_key(kernel, values, options):
         elif isinstance(value, torch.Tensor):
             key.append((value.dtype, value.data_ptr() % 16 == 0))
         elif type(value) is int:  # (do_not_specialize: Triton reads its width only)
-            key.append((int, *_int_class(value)[2:]) if param.do_not_specialize else (int, *_int_class(value)))
+            key.append((int, *_int_class(value, not param.do_not_specialize)))
         elif isinstance(value, float):
             key.append(float)
         elif hasattr(value, "block_shape"):  # a host TMA descriptor (Triton's or Gluon's)
@@ -550,6 +552,7 @@ class _PreparedLaunch:
         "raw",
         "per_call",
         "int_classes",
+        "int_specialized",
     )
 
     def __init__(
@@ -560,7 +563,7 @@ class _PreparedLaunch:
         self.options = _launch_options(num_warps, num_stages, launch_pdl)
         values = list(_ordered_values(kernel, args, constexprs))
         self.tensor_slots, self.descriptor_slots, self.reusable = [], [], _options().direct_launch
-        self.per_call = self.int_classes = None
+        self.per_call = self.int_classes = self.int_specialized = None
         sized = per_call is not None
         for position, value in enumerate(values if self.reusable else ()):
             if isinstance(value, torch.Tensor):
@@ -616,14 +619,21 @@ class _PreparedLaunch:
             values[position] = None
         row_sources = tuple(index for _, index, *_ in self.descriptor_slots)
         self.per_call = (function, indices, positions, row_sources)
-        self.int_classes = tuple(map(_int_class, ints))
+        # (what Triton reads of each int: a do_not_specialize one, e.g. the Gluon prefill's sections, changes
+        # between 1 and 2 from one batch to the next without compiling another kernel)
+        params = getattr(self.kernel, "params", None)
+        self.int_specialized = tuple(params is None or not params[p].do_not_specialize for p in positions)
+        self.int_classes = self._int_classes(ints)
+
+    def _int_classes(self, ints):
+        return tuple(map(_int_class, ints, self.int_specialized))
 
     def call_values(self, inputs, max_seqlen):
         """(grid, ints, descriptor rows) of a call of this launch (its tensors `inputs`; see the class), or None
         where an int is not of the preparing call's classes (another compiled kernel)."""
         function, indices, _, row_sources = self.per_call
         grid, ints = function(*[None if index is None else inputs[index] for index in indices], max_seqlen)
-        if tuple(map(_int_class, ints)) != self.int_classes:
+        if self._int_classes(ints) != self.int_classes:
             return None
         return grid, ints, [inputs[index].shape[0] for index in row_sources]
 
