@@ -240,8 +240,8 @@ def chunked_call(args, module, tensors, cu, gen, device):
         (torch.randn(module.NUM_HEADS, d, dc, generator=gen) / dc**0.5).to(module.DTYPE).to(device) for d in (dn, dv)
     )
     kv_scale = 1.0 if module.CACHE_FORMAT.scaled else None
-    if args.stub_expand and not hasattr(runtime.expand_latent_prefix, "results"):
-        expand = runtime.expand_latent_prefix
+    if args.stub_expand and not hasattr(runtime._expand_latent_prefix, "results"):
+        expand = runtime._expand_latent_prefix
 
         def expanded(m, kv_cache, *arguments):  # (per module and cache: the first call's result)
             kept = expanded.results.get(m)
@@ -250,7 +250,7 @@ def chunked_call(args, module, tensors, cu, gen, device):
             return kept[1]
 
         expanded.results = {}
-        runtime.expand_latent_prefix = expanded
+        runtime._expand_latent_prefix = expanded
 
     def call(m=module):
         m.mla_chunked_prefill(
