@@ -274,9 +274,9 @@ def shape_calls(args, module, batch: int, gen, device) -> list:
 def stub_expansion(args) -> None:
     """--stub-expand: the chunked prefill's prefix expansion returns its first result per module, cache and prefix
     total (torch's gather and GEMMs are device work, real work on a CPU too)."""
-    if not args.stub_expand or hasattr(runtime.expand_latent_prefix, "results"):
+    if not args.stub_expand or hasattr(runtime._expand_latent_prefix, "results"):
         return
-    expand = runtime.expand_latent_prefix
+    expand = runtime._expand_latent_prefix
 
     def expanded(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, *arguments):
         key = (m, id(kv_cache), num_prefix_tokens)
@@ -287,7 +287,7 @@ def stub_expansion(args) -> None:
         return kept[1]
 
     expanded.results = {}
-    runtime.expand_latent_prefix = expanded
+    runtime._expand_latent_prefix = expanded
 
 
 def main() -> None:

@@ -1016,25 +1016,25 @@ def _validate_range(tensor, name, low, high, what, used=None):
         raise ValueError(f"{name}[{index}] = {int(tensor[position])}: {what} must be in [{low}, {high}]")
 
 
-def _validate_cu_seqlens(cu_seqlens, num_tokens, max_seqlen):
-    """cu_seqlens starts at 0, never decreases, ends at the token count; max_seqlen covers the longest."""
+def _validate_cu_seqlens(cu_seqlens, num_tokens, max_seqlen, name="cu_seqlens", total="the number of tokens"):
+    """cu_seqlens (named `name`) starts at 0, never decreases, ends at the token count (`total` in the message);
+    max_seqlen (None: not checked) covers the longest. Returns the sequences' lengths (int64)."""
     cu = cu_seqlens.long()
-    _check(int(cu[0]) == 0, "cu_seqlens", f"must start at 0, got cu_seqlens[0] = {int(cu[0])}")
+    _check(int(cu[0]) == 0, name, f"must start at 0, got {name}[0] = {int(cu[0])}")
     lengths = cu[1:] - cu[:-1]
     position = _first(lengths < 0)
     if position is not None:
         b = position[0]
         raise ValueError(
-            f"cu_seqlens: must not decrease, got cu_seqlens[{b}] = {int(cu[b])} > "
-            f"cu_seqlens[{b + 1}] = {int(cu[b + 1])}"
+            f"{name}: must not decrease, got {name}[{b}] = {int(cu[b])} > {name}[{b + 1}] = {int(cu[b + 1])}"
         )
-    _check(
-        int(cu[-1]) == num_tokens,
-        "cu_seqlens",
-        f"must end at the number of tokens ({num_tokens}), got cu_seqlens[-1] = {int(cu[-1])}",
-    )
-    longest = int(lengths.max())
-    _check(max_seqlen >= longest, "max_seqlen", f"{max_seqlen} is less than the longest sequence ({longest} tokens)")
+    _check(int(cu[-1]) == num_tokens, name, f"must end at {total} ({num_tokens}), got {name}[-1] = {int(cu[-1])}")
+    if max_seqlen is not None:
+        longest = int(lengths.max())
+        _check(
+            max_seqlen >= longest, "max_seqlen", f"{max_seqlen} is less than the longest sequence ({longest} tokens)"
+        )
+    return lengths
 
 
 def _validate_pages(block_table, lengths, lengths_name, num_pages, page_size):
@@ -2863,13 +2863,46 @@ def _cache_row_constexprs(m):
     )
 
 
-def expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale=None):
+def _check_up_projections(m, w_uk, w_uv, device):
+    """w_uk [H, Dn, Dc] and w_uv [H, Dv, Dc] in the module's dtype on `device` (the latent's up-projections)."""
+    for name, tensor, head_dim in (("w_uk", w_uk, m.QK_NOPE_HEAD_DIM), ("w_uv", w_uv, m.V_HEAD_DIM)):
+        _check_tensor(tensor, name, ndim=3, dtype=m.DTYPE, device=device, last_dim=m.KV_LORA_RANK)
+        _check(
+            tuple(tensor.shape) == (m.NUM_HEADS, head_dim, m.KV_LORA_RANK),
+            name,
+            f"expected shape {[m.NUM_HEADS, head_dim, m.KV_LORA_RANK]}, got {tuple(tensor.shape)}",
+        )
+
+
+def expand_latent_prefix(
+    m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale=None, *, validate=None
+):
     """Gather the cached prefixes from the paged latent cache and expand them to MHA form.
 
-    Returns packed k_nope [P, H, Dn] = c_kv W_UK^T, k_pe [P, Dr] (a view of the gathered rows) and
-    v [P, H, Dv] = c_kv W_UV^T, P = num_prefix_tokens = cu_prefix[-1]. kv_scale: the fp8 cache's float32 [1]
-    scale tensor (see the module's _kv_scale), or None for a 16-bit cache.
+    kv_cache [num_pages, PAGE_SIZE, 1, Dc+Dr]; block_table [B, max_pages] int32; cu_prefix [B+1] int32, the
+    prefixes' cumulative lengths; num_prefix_tokens = cu_prefix[-1] as a host int; w_uk [H, Dn, Dc], w_uv
+    [H, Dv, Dc]. Returns packed k_nope [P, H, Dn] = c_kv W_UK^T, k_pe [P, Dr] (a view of the gathered rows) and
+    v [P, H, Dv] = c_kv W_UV^T, P = num_prefix_tokens. kv_scale: for a float8_e4m3fn cache the layer's scale (a
+    number or a float32 tensor of one element; required), None for a 16-bit cache.
+    validate: also check cu_prefix's values against num_prefix_tokens and the pages each prefix reads against the
+    cache (default: on for CPU tensors or with MLAGEN_VALIDATE=1; on the GPU it costs a synchronisation).
     """
+    check_paged_cache(m, kv_cache, None)
+    device = kv_cache.device
+    _check_device(device, "kv_cache")
+    _check_cu_seqlens(cu_prefix, "cu_prefix", device)
+    _check_per_sequence(block_table, "block_table", cu_prefix.shape[0] - 1, device, ndim=2)
+    _check_host_int(num_prefix_tokens, "num_prefix_tokens")
+    _check_up_projections(m, w_uk, w_uv, device)
+    kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
+    if _validating(validate, device):
+        lengths = _validate_cu_seqlens(cu_prefix, num_prefix_tokens, None, "cu_prefix", "num_prefix_tokens")
+        _validate_pages(block_table, lengths, "cu_prefix's lengths", kv_cache.shape[0], m.PAGE_SIZE)
+    return _expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale)
+
+
+def _expand_latent_prefix(m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale):
+    """expand_latent_prefix of arguments already checked (mla_chunked_prefill's; kv_scale resolved)."""
     width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
     rows = torch.empty((num_prefix_tokens, width), dtype=m.DTYPE, device=kv_cache.device)  # [P, Dc+Dr]
     if num_prefix_tokens > 0:
@@ -3010,7 +3043,7 @@ def _chunked_temporaries(m, kv_cache, block_table, prefix_lens, num_prefix_token
     device = block_table.device
     cu_prefix = torch.zeros(prefix_lens.shape[0] + 1, dtype=torch.int32, device=device)
     cu_prefix[1:] = torch.cumsum(prefix_lens, 0, dtype=torch.int32)
-    pre_k_nope, pre_k_pe, pre_v = expand_latent_prefix(
+    pre_k_nope, pre_k_pe, pre_v = _expand_latent_prefix(
         m, kv_cache, block_table, cu_prefix, num_prefix_tokens, w_uk, w_uv, kv_scale
     )
     o_prefix = torch.empty((num_tokens, m.NUM_HEADS, m.V_HEAD_DIM), dtype=torch.float32, device=device)
@@ -3109,13 +3142,7 @@ def mla_chunked_prefill_checked(
     kv_scale = resolve_kv_scale(m, kv_scale, device, validate)
     _check_per_sequence(block_table, "block_table", batch, device, ndim=2)
     _check_per_sequence(prefix_lens, "prefix_lens", batch, device, ndim=1)
-    for name, tensor, head_dim in (("w_uk", w_uk, m.QK_NOPE_HEAD_DIM), ("w_uv", w_uv, m.V_HEAD_DIM)):
-        _check_tensor(tensor, name, ndim=3, dtype=m.DTYPE, device=device, last_dim=m.KV_LORA_RANK)
-        _check(
-            tuple(tensor.shape) == (m.NUM_HEADS, head_dim, m.KV_LORA_RANK),
-            name,
-            f"expected shape {[m.NUM_HEADS, head_dim, m.KV_LORA_RANK]}, got {tuple(tensor.shape)}",
-        )
+    _check_up_projections(m, w_uk, w_uv, device)
     if num_prefix_tokens is not None:
         _check_host_int(num_prefix_tokens, "num_prefix_tokens")
     if _validating(validate, device):

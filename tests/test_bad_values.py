@@ -112,6 +112,56 @@ def test_chunked_prefill_prefix_pages(module, mutate, message):
         module.mla_chunked_prefill(q, k_nope, k_pe, v, cu, 5, cache, table, prefix, w_uk, w_uv)
 
 
+def _int32(values):
+    return torch.tensor(values, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(cu_prefix=lambda cu: cu.long()), "cu_prefix: expected dtype torch.int32, got torch.int64"),
+        (dict(table=lambda t: torch.cat([t, t[:1]])), "block_table: batch size 3 disagrees with 2"),
+        (dict(total=lambda n: -1), "num_prefix_tokens: must be an int >= 0, got -1"),
+        (dict(total=lambda n: n - 1), "cu_prefix: must end at num_prefix_tokens (9), got cu_prefix[-1] = 10"),
+        (
+            dict(cu_prefix=lambda cu: _int32([0, 6, 5]), total=lambda n: 5),
+            "cu_prefix: must not decrease, got cu_prefix[1] = 6 > cu_prefix[2] = 5",
+        ),
+        (
+            dict(cu_prefix=lambda cu: _int32([0, 9, 14]), total=lambda n: 14),
+            "cu_prefix's lengths[0] = 9: a length (block_table rows hold 8 tokens) must be in [0, 8]",
+        ),
+        (
+            dict(table=lambda t: t.index_fill(1, torch.tensor([1], device=t.device), 6)),
+            "block_table[0, 1] = 6: a page used by its sequence must be in [0, 5]",
+        ),
+        (dict(w_uv=lambda w: w[:, :8]), "w_uv: expected shape [2, 16, 64], got (2, 8, 64)"),
+        (dict(kv_scale=lambda s: 0.5), "kv_scale: this module's cache is torch.float16, not scaled"),
+    ],
+)
+def test_expand_latent_prefix_refuses_bad_arguments_by_name(module, change, message):
+    """The module's expand_latent_prefix reads the cache through a kernel: every argument is checked first (the
+    values too when validating), so a wrong one is a one-line error, never a read outside the cache."""
+    cache, table, prefix, w_uk, w_uv = chunked_extras(module, 2)
+    arguments = dict(cache=cache, table=table, cu_prefix=_int32([0, 5, 10]), total=10, w_uk=w_uk, w_uv=w_uv)
+    arguments["kv_scale"] = None
+    arguments.update({name: mutate(arguments[name]) for name, mutate in change.items()})
+    a = arguments
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}"):
+        module.expand_latent_prefix(
+            a["cache"], a["table"], a["cu_prefix"], a["total"], a["w_uk"], a["w_uv"], a["kv_scale"], validate=True
+        )
+
+
+def test_expand_latent_prefix_of_an_fp8_cache_needs_its_scale(build_module):
+    """Without the scale the stored fp8 values would be expanded as they are: a wrong answer, so an error."""
+    module = build_module(**{**FIELDS, "name": "bad-values-fp8", "cache_dtype": "float8_e4m3fn"})
+    cache, table, prefix, w_uk, w_uv = chunked_extras(module, 2)
+    stored = cache.to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="^kv_scale: required: this module's cache is torch.float8_e4m3fn"):
+        module.expand_latent_prefix(stored, table, _int32([0, 5, 10]), 10, w_uk, w_uv)
+
+
 @pytest.mark.parametrize(
     ("total", "message"),
     [(9, "num_prefix_tokens: 9 is not the sum of prefix_lens (10)"), (-1, "num_prefix_tokens: must be an int >= 0")],
