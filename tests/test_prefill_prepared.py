@@ -71,7 +71,26 @@ def dispatched(monkeypatch):
         launches.append((kernel, runtime._grid3(grid), {name: _normal(value) for name, value in named.items()}))
 
     monkeypatch.setattr(runtime, "_dispatch", record)
+    if not runtime._INTERPRET:
+        # (on a GPU a kernel compiled once is launched past the dispatch: by its launcher, or a prepared launch's
+        # raw one; here every launch takes the dispatch again, as under the interpreter)
+        monkeypatch.setattr(runtime, "_COMPILED", _NothingKept())
+        monkeypatch.setattr(runtime, "_raw_launch", lambda: False)
+        launch = runtime._PreparedLaunch.launch
+
+        def dispatching(self, inputs, call=None):
+            self.compiled = self.raw = None
+            return launch(self, inputs, call)
+
+        monkeypatch.setattr(runtime._PreparedLaunch, "launch", dispatching)
     return launches
+
+
+class _NothingKept(dict):
+    """runtime._COMPILED that keeps no compiled kernel, so _launch dispatches every launch."""
+
+    def setdefault(self, key, default=None):
+        return {}
 
 
 def _counted(monkeypatch, name):
