@@ -584,8 +584,8 @@ class KernelPlan:
             gluon = self.prefill.gluon
             verified = ", ".join(f"{major}.{minor}" for major, minor in gluon.verified_triton)
             pre["backend"] = (
-                f"gluon on compute capability 9.x with triton {verified} where asked for (MLAGEN_PREFILL_BACKEND="
-                "gluon); auto: triton while the Gluon launch's host cost exceeds a short prefill's kernel time"
+                f"gluon on compute capability 9.x with triton {verified} (auto or MLAGEN_PREFILL_BACKEND=gluon), "
+                "triton elsewhere and where the portable kernel's config is given"
                 if gluon.eligible
                 else f"triton (not gluon: {gluon.reason})"
             )

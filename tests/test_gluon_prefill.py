@@ -144,7 +144,7 @@ def test_ineligible_geometries_say_why(dims, reason):
 
 def test_show_names_the_prefill_backend():
     shown = lower(resolve_spec("deepseek-v3-tp8")).summary()["prefill"]["backend"]
-    assert shown.startswith("gluon on compute capability 9.x") and "auto: triton" in shown
+    assert shown.startswith("gluon on compute capability 9.x") and "(auto or MLAGEN_PREFILL_BACKEND=gluon)" in shown
     odd = spec_from_dict(dict(name="odd", num_heads=4, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=48,
                               v_head_dim=80, kernels=["prefill"]))  # fmt: skip
     assert lower(odd).summary()["prefill"]["backend"] == (
@@ -168,11 +168,11 @@ FACTS = dict(eligible=True, ineligible_reason="", gluon_error="", interpreting=F
 
 
 def test_select_prefill_backend():
-    # auto keeps the portable kernel while the Gluon launch's host cost exceeds a short prefill's kernel time
-    assert not PREFILL_AUTO_GLUON
-    backend, reason = select_prefill_backend("auto", capability=(9, 0), **FACTS)
+    # auto takes the Gluon kernel where it runs (PREFILL_AUTO_GLUON); with auto_gluon off it keeps the portable one
+    assert PREFILL_AUTO_GLUON
+    assert select_prefill_backend("auto", capability=(9, 0), **FACTS) == ("gluon", "")
+    backend, reason = select_prefill_backend("auto", capability=(9, 0), auto_gluon=False, **FACTS)
     assert backend == "triton" and "host cost" in reason
-    assert select_prefill_backend("auto", capability=(9, 0), auto_gluon=True, **FACTS) == ("gluon", "")
     assert select_prefill_backend("gluon", capability=(9, 0), **FACTS) == ("gluon", "")
     assert select_prefill_backend("triton", capability=(9, 0), **FACTS)[0] == "triton"
     # config given: the portable kernel's knobs
