@@ -112,6 +112,13 @@ def checked_calls(monkeypatch):
     return _counted(monkeypatch, "mla_prefill_checked")
 
 
+@pytest.fixture(autouse=True)
+def _portable_unless_gluon_asked(monkeypatch):
+    """The portable kernel, as auto takes it off Hopper (on an H200 auto takes the Gluon one); a test of the Gluon
+    kernel asks for it (_gluon)."""
+    monkeypatch.setattr(runtime, "prefill_backend", lambda m, device=None, requested=None, **knobs: ("triton", ""))
+
+
 def _gluon(module, monkeypatch):
     if module._PREFILL_GLUON_IMPORT_ERROR:
         pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
