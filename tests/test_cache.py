@@ -247,7 +247,8 @@ def test_eight_processes_compile_one_spec_once(cache_root, tmp_path):
     spec_path = tmp_path / "cache-me.yaml"
     spec_path.write_text(YAML)
     go = tmp_path / "go"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONWARNINGS": "always"}
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "always"}
     procs = []
     for i in range(8):
         ready = tmp_path / f"ready-{i}"

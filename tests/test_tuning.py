@@ -131,7 +131,7 @@ def test_concurrent_writers_keep_every_entry(tmp_path):
             write_db(sys.argv[1], [e])
         """
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     procs = [subprocess.Popen([sys.executable, "-c", worker, str(db), str(i)], env=env) for i in range(4)]
     assert all(p.wait(timeout=120) == 0 for p in procs)
     assert len(read_db(db)) == 4 * 20
