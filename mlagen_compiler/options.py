@@ -82,7 +82,7 @@ class Options:
         "MLAGEN_PREFILL_BACKEND",
         ("auto", "gluon", "triton"),
         "auto",
-        "prefill backend (auto: the portable kernel while the Gluon launch costs the host more)",
+        "prefill backend (auto: the Gluon kernel on Hopper where the plan takes the geometry, else the portable one)",
     )
     prefill_tma: bool = _option("MLAGEN_PREFILL_TMA", ("0", "1"), "1", "prefill key/value tiles through TMA")
     direct_launch: bool = _option(
