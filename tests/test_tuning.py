@@ -40,6 +40,11 @@ from mlagen_compiler.tuning_search import (
 ROOT = Path(__file__).resolve().parent.parent
 H100 = "NVIDIA H100 80GB HBM3"
 FIELDS = {**SMALL_SPEC, "name": "tune-me"}
+#: tests of the tuner's flow on CPU tensors, or pretending a GPU, under Triton's interpreter (CI's machines); on a
+#: GPU the compiled kernels cannot read CPU tensors and the device is real: `mlagen tune` itself runs there
+INTERPRETER_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="runs the tuner on CPU tensors or a pretended GPU: interpreter only"
+)
 
 
 def entry(spec, bucket="m16", config=(64, 4, 2), gpu=H100, triton=None, kernel="decode", arch="sm90", **extra):
@@ -563,6 +568,7 @@ def _fake_clock(module, bucket, inputs, config, **_):
     return 100.0 - config[-3] / 8
 
 
+@INTERPRETER_ONLY
 def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
     """The whole `mlagen tune` flow after the GPU check, on the CPU: real kernel runs checked against the
     reference, a fake clock instead of do_bench, database written and picked up, each kernel tuned once."""
@@ -613,6 +619,7 @@ def test_tune_flow_under_interpreter(tmp_path, monkeypatch, capsys):
     assert all(e["config"][-3] == 64 for e in read_db(db))  # the fastest that is right
 
 
+@INTERPRETER_ONLY
 def test_tune_flow_fp8_cache_under_interpreter(tmp_path, monkeypatch):
     """`mlagen tune` of an fp8-cache spec: its decode runs on fp8 inputs with their kv_scale, checked against
     the dequantised reference, and lands under its own geometry key, beside the 16-bit spec's entries."""
@@ -635,6 +642,7 @@ def test_tune_flow_fp8_cache_under_interpreter(tmp_path, monkeypatch):
     assert inputs["kv_cache"].dtype == torch.float8_e4m3fn and inputs["kv_scale"].dtype == torch.float32
 
 
+@INTERPRETER_ONLY
 def test_an_h200_takes_the_hopper_family_entries_until_mlagen_tune_records_its_own(tmp_path, monkeypatch):
     """Issue 44: on an "NVIDIA H200" the module looks up ("sm90", "NVIDIA H200"); with only H100 entries shipped it
     takes the family's ("sm90", "*") rows, which are the H100's. `mlagen tune` on it records its winners under its
@@ -703,6 +711,7 @@ def test_an_h200_takes_the_hopper_family_entries_until_mlagen_tune_records_its_o
     assert module_table["sm90|*|m16"] == list(h100["m16"]) and module_table[f"sm90|{h200}|m16"] == list(configs[128])
 
 
+@INTERPRETER_ONLY
 def test_warm_up_compiles_in_worker_processes(tmp_path):
     from mlagen_compiler.tuning_search import WarmUpTask, warm_up
 
@@ -787,6 +796,7 @@ def _record_gluon_prefill_launches(monkeypatch, module):
     return launched
 
 
+@INTERPRETER_ONLY
 def test_gluon_prefill_entries_reach_the_gluon_launch(tmp_path, monkeypatch):
     """Entries of buckets "gluon-causal" and "gluon-prefix" (block_n, stages) are taken by the Gluon prefill's
     causal and prefix launches on their GPU family and nowhere else; entries outside the plan's space are dropped;
@@ -861,6 +871,7 @@ def test_tuned_gluon_prefill_configs_are_checked_as_launches_take_them():
         module_source(spec, {"prefill": {"sm90|*|gluon-prefix": [64, 4, 2]}})
 
 
+@INTERPRETER_ONLY
 def test_gluon_prefill_buckets_where_the_gluon_prefill_runs(tmp_path, monkeypatch):
     """The tuner's Gluon prefill buckets: built where the Gluon prefill runs (Hopper, a geometry it takes) on the
     prefill cases over its space, left out elsewhere with the reason; each configuration checked with the Gluon
