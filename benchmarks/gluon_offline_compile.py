@@ -7,7 +7,7 @@ answers "the current device is a compute capability 9.0 GPU", the kernel is comp
 errors and register spills without device time.
 
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
-    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py --prefill [--non-causal]
+    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py --prefill [--non-causal] [--persistent]
 
 An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles the producer its launch would choose for --sq (the
 landing producer where Sq * H <= 32, else the converting one); --producer picks one.
@@ -246,10 +246,12 @@ def compile_prefill_offline(
     stages: int | None = None,
     consumer_regs: int | None = None,
     producer_regs: int | None = None,
+    persistent: bool = False,
 ) -> dict:
     """Compile the module's _mla_prefill_gluon_kernel (causal, or the non-causal prefix attention of chunked
-    prefill, whose outputs are float32 partials: float32_out); returns ptxas' numbers. block_n / stages / the
-    registers: the plan's unless given."""
+    prefill, whose outputs are float32 partials: float32_out), or (persistent) its persistent variant
+    _mla_prefill_gluon_persistent_kernel; returns ptxas' numbers. block_n / stages / the registers: the plan's
+    unless given."""
     module = _load_offline(module_path)
     assert not module._PREFILL_GLUON_IMPORT_ERROR, module._PREFILL_GLUON_IMPORT_ERROR
     tokens, heads = 1024, module.NUM_HEADS
@@ -262,7 +264,8 @@ def compile_prefill_offline(
     descriptors = module._gluon_prefill_descriptors(q, k_nope, k_pe, v, block_n)
     out = torch.empty(tokens, heads, dv, dtype=torch.float32 if float32_out else module.DTYPE)
     cu = torch.empty(5, dtype=torch.int32)
-    kernel = module._mla_prefill_gluon_kernel.warmup(
+    chosen = module._mla_prefill_gluon_persistent_kernel if persistent else module._mla_prefill_gluon_kernel
+    kernel = chosen.warmup(
         *descriptors,
         out,
         torch.empty(heads, tokens, dtype=torch.float32),
@@ -336,7 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--block-n", type=int, help="(--prefill) key positions a block (default: the plan's)")
     parser.add_argument("--stages", type=int, help="(--prefill) ring stages (default: the plan's)")
+    parser.add_argument(
+        "--persistent", action="store_true", help="(--prefill) the persistent kernel (MLAGEN_PREFILL_PERSISTENT=1)"
+    )
     args = parser.parse_args(argv)
+    if args.persistent and not args.prefill:
+        parser.error("--persistent: only with --prefill")
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
     if args.prefill:
@@ -347,6 +355,7 @@ def main(argv: list[str] | None = None) -> int:
             block_n=args.block_n,
             stages=args.stages,
             consumer_regs=args.regs,
+            persistent=args.persistent,
         )
     else:
         result = compile_offline(

@@ -85,6 +85,12 @@ class Options:
         "prefill backend (auto: the Gluon kernel on Hopper where the plan takes the geometry, else the portable one)",
     )
     prefill_tma: bool = _option("MLAGEN_PREFILL_TMA", ("0", "1"), "1", "prefill key/value tiles through TMA")
+    prefill_persistent: bool = _option(
+        "MLAGEN_PREFILL_PERSISTENT",
+        ("0", "1"),
+        "0",
+        "Gluon prefill: the persistent kernel (a program per SM looping over the tiles)",
+    )
     direct_launch: bool = _option(
         "MLAGEN_DIRECT_LAUNCH", ("0", "1"), "1", "launch compiled kernels without Triton's dispatch"
     )

@@ -2188,14 +2188,41 @@ def gluon_prefill_tma_ok(tensor, head_dim):
 
 
 def launch_prefill_gluon(
-    m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None, config=None, launch=None
+    m,
+    q,
+    k_nope,
+    k_pe,
+    v,
+    cu_q,
+    cu_k,
+    max_seqlen_q,
+    out,
+    lse,
+    scale,
+    causal,
+    sections=None,
+    config=None,
+    launch=None,
+    persistent=None,
+    programs=None,
 ):
-    """One launch of the module's _mla_prefill_gluon_kernel (arguments already checked; lse may be None). A tensor
-    TMA cannot address is copied into a dense one first; no key at all (an empty prefix batch) takes the portable
-    kernel, which only writes zeros and -inf then. sections: of the tile order (default: prefill_sections's; 1:
-    row blocks outermost). config: (block_n, stages) of PREFILL_GLUON_SPACE (default: the device's tuned one for
-    the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT). launch: what issues it
-    (default _launch; a checked mla_prefill's _Recorded)."""
+    """One launch of the module's _mla_prefill_gluon_kernel, or its persistent variant (arguments already checked;
+    lse may be None). A tensor TMA cannot address is copied into a dense one first; no key at all (an empty prefix
+    batch) takes the portable kernel, which only writes zeros and -inf then. sections: of the tile order (default:
+    prefill_sections's; 1: row blocks outermost). config: (block_n, stages) of PREFILL_GLUON_SPACE (default: the
+    device's tuned one for the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT).
+    launch: what issues it (default _launch; a checked mla_prefill's _Recorded). persistent: the persistent kernel
+    (_mla_prefill_gluon_persistent_kernel: at most a program per SM, each looping over the tiles in the same
+    order; default: the prefill_persistent option). programs: the persistent kernel's programs at most (default:
+    the SM count; a test's or probe's choice, e.g. 1 to put every tile through one program's ring)."""
+    if persistent is None:
+        persistent = _options().prefill_persistent
+    if programs is not None:
+        _check(
+            persistent and isinstance(programs, int) and not isinstance(programs, bool) and programs >= 1,
+            "programs",
+            f"must be an int >= 1, and only with the persistent kernel, got {programs!r}",
+        )
     if config is None:
         config = m.tuned_config(
             m.PREFILL_TUNED, m._gpu_key(q.device), m.prefill_gluon_bucket(causal), m.PREFILL_GLUON_DEFAULT
@@ -2232,21 +2259,27 @@ def launch_prefill_gluon(
     q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc = gluon_prefill_descriptors(
         m, q.view(q.shape[0], -1), k_nope.view(k_nope.shape[0], -1), k_pe, v.view(v.shape[0], -1), block_n
     )
-    given_sections = sections is not None
-    if given_sections:  # (a probe's choice: 0 or more sections than pairs would divide by zero inside)
+    given_sections = sections is not None or programs is not None
+    if sections is not None:  # (a probe's choice: 0 or more sections than pairs would divide by zero inside)
         pairs = (cu_q.shape[0] - 1) * heads
         _check(
             isinstance(sections, int) and not isinstance(sections, bool) and 1 <= sections <= pairs,
             "sections",
             f"must be an int in 1..{pairs} ((sequence, head) pairs), got {sections!r}",
         )
-    per_call = _prefill_gluon_per_call(m, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device), sections)
+    if persistent and programs is None:
+        programs = _sm_count(q.device)
+    per_call = _prefill_gluon_per_call(
+        m, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device), sections, programs
+    )
     grid, (lse_stride, pairs, m_blocks, sections) = per_call(cu_q, k_nope, lse, max_seqlen_q)
+    kernel = m._mla_prefill_gluon_persistent_kernel if persistent else m._mla_prefill_gluon_kernel
     # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that; a
-    # probe's sections are checked against this call's pairs only: such a launch is never prepared)
+    # probe's sections are checked against this call's pairs only, and its programs are its own: such a launch is
+    # never prepared)
     # fmt: off
     (_launch if launch is None else launch)(
-        m._mla_prefill_gluon_kernel, grid,
+        kernel, grid,
         q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc, out, lse if lse is not None else out, cu_q, cu_k,
         scale * LOG2E, out.stride(0), out.stride(1), lse_stride, pairs, m_blocks, sections,
         H=heads, DN=dn, DR=dr, DV=dv, BLOCK_N=block_n, STAGES=stages,
@@ -2260,10 +2293,11 @@ def launch_prefill_gluon(
 _PREFILL_GLUON_SIZED = ("stride_lse_h", "pairs", "m_blocks", "sections")
 
 
-def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None):
+def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None, programs=None):
     """launch_prefill_gluon's grid and size-dependent ints (_PREFILL_GLUON_SIZED) as a function of its tensors
     cu_q, k_nope, lse (or None) and max_seqlen_q (see _PreparedLaunch's per_call): one program per (sequence,
-    head) pair and row block of the longest sequence; the pairs in `sections` sections (default:
+    head) pair and row block of the longest sequence (a tile), or (programs given: the persistent kernel) that
+    many programs at most, each looping over tiles; the pairs in `sections` sections (default:
     prefill_sections's for the keys per sequence, bytes_per_key and l2_bytes)."""
     heads, block_m = m.NUM_HEADS, m.PREFILL_GLUON_BLOCK_M
 
@@ -2273,7 +2307,9 @@ def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None):
         chosen = sections
         if chosen is None:
             chosen = m.prefill_sections(pairs, k_nope.shape[0] // batch, bytes_per_key, l2_bytes)
-        return (pairs * m_blocks, 1, 1), (lse.stride(0) if lse is not None else 0, pairs, m_blocks, chosen)
+        tiles = pairs * m_blocks
+        grid = tiles if programs is None else min(tiles, programs)
+        return (grid, 1, 1), (lse.stride(0) if lse is not None else 0, pairs, m_blocks, chosen)
 
     return per_call
 

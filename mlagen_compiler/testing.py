@@ -379,22 +379,29 @@ def prefill_inputs(
     )
 
 
+#: what a prefill check's backend asks for: (the prefill_backend option, the prefill_persistent option)
+PREFILL_CHECK_BACKENDS = {"triton": ("triton", False), "gluon": ("gluon", False), "gluon-persistent": ("gluon", True)}
+
+
 def _prefill_backend_options(module: ModuleType, backend: str | None, device: torch.device, tma: bool) -> dict:
-    """The options a prefill check runs under: the TMA switch and (backend given) the prefill backend, checked to
-    be the one a call then takes (a module from before the prefill backends takes only None)."""
+    """The options a prefill check runs under: the TMA switch and (backend given: one of PREFILL_CHECK_BACKENDS)
+    the prefill backend, checked to be the one a call then takes, and the Gluon kernel's variant ("gluon-persistent":
+    the persistent one) (a module from before the prefill backends takes only None)."""
     if backend is None:
         return {"prefill_tma": tma}
-    with use_options(prefill_backend=backend):
+    option, persistent = PREFILL_CHECK_BACKENDS[backend]
+    with use_options(prefill_backend=option):
         chosen, reason = module.prefill_backend(device)
-    assert chosen == backend, reason
-    return {"prefill_tma": tma, "prefill_backend": backend}
+    assert chosen == option, reason
+    return {"prefill_tma": tma, "prefill_backend": option, "prefill_persistent": persistent}
 
 
 def assert_prefill_matches_reference(
     module: ModuleType, problem: PrefillProblem, *, device: torch.device | None = None, backend: str | None = None
 ) -> None:
-    """mla_prefill == reference.prefill_varlen (causal MHA form), outputs and LSEs. backend: "triton" or "gluon"
-    (run under that prefill_backend option), None: the options in force."""
+    """mla_prefill == reference.prefill_varlen (causal MHA form), outputs and LSEs. backend: "triton", "gluon" or
+    "gluon-persistent" (run under that prefill_backend option, and the Gluon kernel's variant: PREFILL_CHECK_BACKENDS),
+    None: the options in force."""
     __tracebackhide__ = True
     device = device or default_device()
     chosen = _prefill_backend_options(module, backend, device, problem.tma)

@@ -411,6 +411,7 @@ GARBAGE = {
     "MLAGEN_DECODE_PDL": ("on", "MLAGEN_DECODE_PDL: expected 0 or 1, got 'on'"),
     "MLAGEN_DECODE_TMA": ("true", "MLAGEN_DECODE_TMA: expected 0 or 1, got 'true'"),
     "MLAGEN_PREFILL_TMA": ("2", "MLAGEN_PREFILL_TMA: expected 0 or 1, got '2'"),
+    "MLAGEN_PREFILL_PERSISTENT": ("yes", "MLAGEN_PREFILL_PERSISTENT: expected 0 or 1, got 'yes'"),
     "MLAGEN_DIRECT_LAUNCH": ("off", "MLAGEN_DIRECT_LAUNCH: expected 0 or 1, got 'off'"),
     "MLAGEN_RAW_LAUNCH": ("no", "MLAGEN_RAW_LAUNCH: expected 0 or 1, got 'no'"),
     "MLAGEN_VALIDATE": ("yes", "MLAGEN_VALIDATE: expected 0 or 1, got 'yes'"),

@@ -42,6 +42,7 @@ def test_bundled_specs_render_gluon_prefill_source(name):
     assert plan.smem_bytes <= GLUON_MAX_SMEM and plan.num_stages >= 2 and plan.block_m == 2 * plan.warpgroup_rows
     source = module_source(spec)
     assert "def _mla_prefill_gluon_kernel(" in source and "_launch_prefill_gluon = _bind(_M, " in source
+    assert "def _mla_prefill_gluon_persistent_kernel(" in source  # (the prefill_persistent option's variant)
     assert f"PREFILL_GLUON_BLOCK_N = {plan.block_n}" in source and f"PREFILL_GLUON_STAGES = {plan.num_stages}" in source
     # the tuning space and its default (today's tile) beside them
     assert f"PREFILL_GLUON_SPACE = {plan.space}" in source and f"PREFILL_GLUON_DEFAULT = {plan.default}" in source
@@ -165,6 +166,20 @@ def test_prefill_backend_option():
 
 
 FACTS = dict(eligible=True, ineligible_reason="", gluon_error="", interpreting=False)
+
+
+def test_prefill_persistent_option():
+    """MLAGEN_PREFILL_PERSISTENT (0 / 1, default 0): the Gluon prefill's persistent variant, off unless asked."""
+    assert Options.from_env({}).prefill_persistent is False and Options().prefill_persistent is False
+    assert Options.from_env({"MLAGEN_PREFILL_PERSISTENT": "1"}).prefill_persistent is True
+    assert Options.from_env({"MLAGEN_PREFILL_PERSISTENT": "0"}).prefill_persistent is False
+    assert Options.from_env({"MLAGEN_PREFILL_PERSISTENT": " "}).prefill_persistent is False
+    with pytest.raises(ValueError, match="^MLAGEN_PREFILL_PERSISTENT: expected 0 or 1, got 'yes'$"):
+        Options.from_env({"MLAGEN_PREFILL_PERSISTENT": "yes"})
+    with pytest.raises(ValueError, match="^prefill_persistent: expected True or False, got 1$"):
+        Options(prefill_persistent=1)
+    assert Options(prefill_persistent=True).environ()["MLAGEN_PREFILL_PERSISTENT"] == "1"
+    assert hash(Options(prefill_persistent=True)) != hash(Options())  # (what prepared launches key on)
 
 
 def test_select_prefill_backend():
@@ -303,6 +318,134 @@ def test_gluon_prefill_goes_through_the_runtimes_launch_with_a_stable_key(module
     assert key(300) == key(302) == key(4098)  # (token counts of one class: not 1, not a multiple of 16, 32-bit)
     assert key(320) == key(4096)
     assert key(300) != key(300, store_lse=False)
+
+
+def test_the_persistent_kernel_takes_the_same_arguments(module):
+    """_mla_prefill_gluon_persistent_kernel: the tile-per-program kernel's arguments and constexprs, the same ints
+    left unspecialised (a launch of either differs only in kernel and grid)."""
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    tiled, persistent = module._mla_prefill_gluon_kernel, module._mla_prefill_gluon_persistent_kernel
+    assert persistent.arg_names == tiled.arg_names
+    assert [p.do_not_specialize for p in persistent.params] == [p.do_not_specialize for p in tiled.params]
+    assert [p.is_constexpr for p in persistent.params] == [p.is_constexpr for p in tiled.params]
+
+
+def _normal(value):
+    """A launch argument as compared (each launch has tensors of its own): a tensor by how it lies, a descriptor by
+    its box and what it covers."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", tuple(value.shape), value.stride(), value.dtype)
+    if hasattr(value, "block_shape"):
+        return ("descriptor", list(value.shape), list(value.block_shape))
+    return value
+
+
+def _gluon_launch(module, monkeypatch, lengths, **kwargs):
+    """The (kernel, grid, named arguments) _launch_prefill_gluon issues for packed causal sequences of `lengths`
+    (captured at runtime._launch: nothing runs)."""
+    from mlagen_compiler import runtime
+
+    launches = []
+
+    def capture(kernel, grid, *args, num_warps, num_stages=None, per_call=None, **constexprs):
+        launches.append((kernel, runtime._grid3(grid), dict(zip(kernel.arg_names, args, strict=False)), constexprs))
+
+    monkeypatch.setattr(runtime, "_launch", capture)
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    tokens = sum(lengths)
+    q = torch.empty(tokens, heads, dn + dr, dtype=module.DTYPE)
+    k_nope, k_pe = torch.empty(tokens, heads, dn, dtype=module.DTYPE), torch.empty(tokens, dr, dtype=module.DTYPE)
+    v, out = torch.empty(tokens, heads, dv, dtype=module.DTYPE), torch.empty(tokens, heads, dv, dtype=module.DTYPE)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, max(lengths), out, None, 0.125, True, **kwargs)
+    (launch,) = launches
+    return launch
+
+
+@pytest.mark.parametrize("lengths", [(300,), (1000, 17, 129), (1,)])
+def test_the_option_launches_the_persistent_kernel(module, monkeypatch, lengths):
+    """With prefill_persistent on, _launch_prefill_gluon launches the persistent kernel on at most a program per SM
+    (runtime._sm_count: INTERPRETER_SM_COUNT off a GPU), its arguments those of the tile-per-program launch; off
+    (the default), the tile-per-program kernel on one program a tile."""
+    from mlagen_compiler import runtime
+
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    tiles = len(lengths) * module.NUM_HEADS * -(-max(lengths) // module.PREFILL_GLUON_BLOCK_M)
+    with use_options(prefill_persistent=False):
+        kernel, grid, args, constexprs = _gluon_launch(module, monkeypatch, lengths)
+    assert kernel is module._mla_prefill_gluon_kernel and grid == (tiles, 1, 1)
+    with use_options(prefill_persistent=True):
+        p_kernel, p_grid, p_args, p_constexprs = _gluon_launch(module, monkeypatch, lengths)
+    assert p_kernel is module._mla_prefill_gluon_persistent_kernel
+    assert p_grid == (min(tiles, runtime._sm_count(torch.device("cpu"))), 1, 1)
+    assert p_constexprs == constexprs
+    assert {name: _normal(value) for name, value in p_args.items()} == {
+        name: _normal(value) for name, value in args.items()
+    }
+    # the argument wins over the option; programs (a test's or probe's) bounds the grid
+    with use_options(prefill_persistent=False):
+        assert _gluon_launch(module, monkeypatch, lengths, persistent=True)[0] is p_kernel
+        assert _gluon_launch(module, monkeypatch, lengths, persistent=True, programs=1)[1] == (1, 1, 1)
+    with use_options(prefill_persistent=True):
+        assert _gluon_launch(module, monkeypatch, lengths, persistent=False)[0] is kernel
+        assert _gluon_launch(module, monkeypatch, lengths, programs=10**6)[1] == (tiles, 1, 1)
+
+
+@pytest.mark.parametrize("programs", [0, -1, 1.5, True])
+def test_a_wrong_program_count_is_a_one_line_error(module, programs):
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    q, k_nope = torch.randn(8, heads, dn + dr).to(module.DTYPE), torch.randn(8, heads, dn).to(module.DTYPE)
+    k_pe, v = torch.randn(8, dr).to(module.DTYPE), torch.randn(8, heads, dv).to(module.DTYPE)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    out = torch.full_like(v, float("nan"))
+    with pytest.raises(ValueError, match="^programs: must be an int >= 1, and only with the persistent kernel"):
+        module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, 8, out, None, 0.1, True, persistent=True,
+                                     programs=programs)  # fmt: skip
+    with pytest.raises(ValueError, match="^programs: must be an int >= 1, and only with the persistent kernel"):
+        module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, 8, out, None, 0.1, True, persistent=False,
+                                     programs=2)  # fmt: skip
+    assert out.isnan().all()
+
+
+@given(pairs=st.integers(1, 40), m_blocks=st.integers(1, 12), sections=st.integers(1, 40), programs=st.integers(1, 20))
+def test_persistent_programs_take_every_tile_once_heaviest_first(pairs, m_blocks, sections, programs):
+    """The persistent kernel's schedule, in Python: program p takes tiles p, p + programs, ... of the
+    tile-per-program kernel's order (_gluon_prefill_tile's, written out here as the kernel computes it), so every
+    (pair, row block) is one program's exactly once, and each program's tiles come heaviest (last row block)
+    first within a section."""
+    sections = min(sections, pairs)
+    small = pairs // sections
+    large_pairs = (pairs % sections) * (small + 1)
+
+    def tile_of(tile):
+        in_large = tile < large_pairs * m_blocks
+        if in_large:
+            first_pair = tile // ((small + 1) * m_blocks) * (small + 1)
+        else:
+            first_pair = large_pairs + (tile - large_pairs * m_blocks) // (small * m_blocks) * small
+        in_section = small + 1 if in_large else small
+        rank = tile - first_pair * m_blocks
+        return first_pair + rank % in_section, m_blocks - 1 - rank // in_section
+
+    tiles = pairs * m_blocks
+    grid = min(tiles, programs)
+    taken = [tile_of(tile) for p in range(grid) for tile in range(p, tiles, grid)]
+    assert sorted(taken) == [(pair, m) for pair in range(pairs) for m in range(m_blocks)]
+    for p in range(grid):
+        mine = [tile_of(tile) for tile in range(p, tiles, grid)]
+        for (pair, m), (next_pair, next_m) in zip(mine, mine[1:], strict=False):
+            # (a section's pairs are in [first_pair, first_pair + in_section): a later tile of the same section
+            # never has a heavier row block)
+            if (pair < large_pairs) == (next_pair < large_pairs) and (
+                pair // (small + 1) == next_pair // (small + 1)
+                if pair < large_pairs
+                else (pair - large_pairs) // small == (next_pair - large_pairs) // small
+            ):
+                assert next_m <= m
 
 
 def test_a_geometry_the_gluon_prefill_rejects_renders_no_gluon_prefill():

@@ -41,8 +41,9 @@ GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like,
     (5, 16, 16, 16, 64),
 ]
 DTYPES = ["bfloat16", "float16"]
-#: the prefill backends: the portable kernel everywhere, the Gluon kernel on Hopper (skipped elsewhere with why)
-BACKENDS = ["triton", "gluon"]
+#: the prefill backends: the portable kernel everywhere, the Gluon kernel on Hopper (skipped elsewhere with why),
+#: tile per program or persistent (the prefill_persistent option: testing.PREFILL_CHECK_BACKENDS)
+BACKENDS = ["triton", "gluon", "gluon-persistent"]
 #: the geometries the Gluon prefill takes (the others always run the portable kernel)
 GLUON_GEOMETRIES = [g for g in GEOMETRIES if lower_gluon_prefill(g[1], g[2], g[3]).eligible]
 
@@ -65,7 +66,7 @@ def module_for(build_module, geometry, dtype, page_size=16, cache_dtype=None):
 
 def require_backend(build_module, device, backend):
     """Skip a Gluon case where the Gluon prefill cannot run (interpreter, not a 9.x GPU, Triton release), with why."""
-    if backend != "gluon":
+    if not backend.startswith("gluon"):
         return
     module = module_for(build_module, GLUON_GEOMETRIES[0], "bfloat16")
     try:
@@ -78,11 +79,11 @@ def require_backend(build_module, device, backend):
 @given(data=st.data())
 def test_prefill_matches_reference(build_module, device, backend, data):
     require_backend(build_module, device, backend)
-    geometries = GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES
+    geometries = GLUON_GEOMETRIES if backend != "triton" else GEOMETRIES
     geometry = data.draw(st.sampled_from(geometries), label="geometry")
     module = module_for(build_module, geometry, data.draw(st.sampled_from(DTYPES), label="dtype"))
     # (the Gluon kernel's tiles are 128 rows and up to 128 keys: lengths past two of them)
-    longer = {"max_length": 300} if backend == "gluon" else {}
+    longer = {"max_length": 300} if backend != "triton" else {}
     problem = data.draw(prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
     assert_prefill_matches_reference(module, problem, device=device, backend=backend)
@@ -102,16 +103,69 @@ def test_merge_attn_states_equals_attention_over_the_union(build_module, device,
 @given(data=st.data())
 def test_chunked_prefill_equals_full_attention(build_module, device, backend, data):
     require_backend(build_module, device, backend)
-    geometry = data.draw(st.sampled_from(GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES), label="geometry")
+    geometry = data.draw(st.sampled_from(GLUON_GEOMETRIES if backend != "triton" else GEOMETRIES), label="geometry")
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     page_size = data.draw(st.sampled_from([1, 4, 16]), label="page_size")
     # the prefix in a 16-bit or an fp8 cache (dequantised before it is expanded)
     cache_dtype = data.draw(st.sampled_from([None, "float8_e4m3fn"]), label="cache_dtype")
     module = module_for(build_module, geometry, dtype, page_size, cache_dtype)
-    longer = {"max_length": 300, "max_prefix": 400} if backend == "gluon" else {}
+    longer = {"max_length": 300, "max_prefix": 400} if backend != "triton" else {}
     problem = data.draw(chunked_prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
     assert_chunked_prefill_matches_reference(module, problem, device=device, backend=backend)
+
+
+@given(data=st.data())
+def test_persistent_gluon_prefill_on_few_programs_is_the_tile_per_program_kernel(build_module, device, data):
+    """The persistent Gluon prefill with 1-3 programs (each loops over many tiles: the ring's mbarrier phases and
+    the query tile's q_ready / q_free carried from tile to tile, tiles of other sequences and heads, rows past a
+    sequence's end, empty prefixes) writes what the tile-per-program kernel writes, bit for bit (the same products
+    and softmax in the same order), causal and the non-causal prefix attention of chunked prefill; outputs
+    poisoned (NaN) first."""
+    require_backend(build_module, device, "gluon")
+    geometry = data.draw(st.sampled_from(GLUON_GEOMETRIES), label="geometry")
+    module = module_for(build_module, geometry, data.draw(st.sampled_from(DTYPES), label="dtype"))
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    causal = data.draw(st.booleans(), label="causal")
+    lengths = data.draw(st.lists(st.integers(0, 400), min_size=1, max_size=4), label="lengths")
+    if causal:
+        key_lengths = lengths
+    else:
+        key_lengths = data.draw(
+            st.lists(st.integers(0, 500), min_size=len(lengths), max_size=len(lengths)), label="key_lengths"
+        )
+    programs = data.draw(st.integers(1, 3), label="programs")
+    config = data.draw(st.sampled_from(module.PREFILL_GLUON_SPACE), label="config")
+    store_lse = data.draw(st.booleans(), label="store_lse")
+    out_dtype = data.draw(st.sampled_from([module.DTYPE, torch.float32]), label="out dtype")
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+    tokens, keys = sum(lengths), sum(key_lengths)
+    if max(lengths) == 0 or keys == 0:
+        return  # (no launch, or the portable kernel's zeros: nothing of the Gluon kernels runs)
+
+    def drawn(*shape):
+        return torch.randn(*shape, generator=g).to(module.DTYPE).to(device)
+
+    q, k_nope, k_pe, v = drawn(tokens, heads, dn + dr), drawn(keys, heads, dn), drawn(keys, dr), drawn(keys, heads, dv)
+
+    def cumulative(counts):
+        return torch.tensor([0, *counts], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+
+    cu_q, cu_k = cumulative(lengths), cumulative(key_lengths)
+    results = []
+    for persistent in (False, True):
+        out = torch.full((tokens, heads, dv), float("nan"), dtype=out_dtype, device=device)
+        lse = torch.full((heads, tokens), float("nan"), device=device) if store_lse else None
+        module._launch_prefill_gluon(
+            q, k_nope, k_pe, v, cu_q, cu_k, max(lengths), out, lse, module.SOFTMAX_SCALE, causal, config=config,
+            persistent=persistent, programs=programs if persistent else None,
+        )  # fmt: skip
+        results.append((out, lse))
+    (want, want_lse), (got, got_lse) = results
+    assert not want.isnan().any()
+    assert torch.equal(got, want)
+    if store_lse:
+        assert torch.equal(got_lse, want_lse)
 
 
 @given(data=st.data())

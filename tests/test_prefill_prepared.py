@@ -196,6 +196,47 @@ def test_the_signature_keys_on_the_options_in_force(module, dispatched, checked_
     assert not checked_calls and dispatched[-1][2]["USE_TMA"] is True
 
 
+@pytest.mark.parametrize("kind", ["prefill", "chunked"])
+def test_the_signature_keys_on_the_prefill_persistent_option(module, kind, dispatched, monkeypatch):
+    """The Gluon prefill (pretend Hopper): a launch prepared under one prefill_persistent setting is never reused
+    under the other (the signature holds the options in force): switching it sends the call to the checks, which
+    launch the other variant, and switching back takes the first variant's prepared launch again."""
+    _gluon(module, monkeypatch)
+    chunked = kind == "chunked"
+    checked_calls = _counted(monkeypatch, "mla_chunked_prefill_checked" if chunked else "mla_prefill_checked")
+    tiled, looping = module._mla_prefill_gluon_kernel, module._mla_prefill_gluon_persistent_kernel
+    if chunked:
+        tensors = _chunked_tensors(module, (40, 3), (70, 20))
+
+        def call():
+            module.mla_chunked_prefill(*tensors[:5], 40, *tensors[5:], num_prefix_tokens=90)
+    else:
+        tensors = _tensors(module, (300, 7))
+
+        def call():
+            module.mla_prefill(*tensors, 300)
+
+    def gluon_kernels():
+        return [kernel for kernel, _, _ in dispatched if kernel in (tiled, looping)]
+
+    module._PREFILL_LAUNCHES.clear()
+    for persistent, checked in ((False, True), (False, True), (False, False), (True, True), (True, True)):
+        # (off: seen, prepared, then reused; on: another signature, seen, then prepared)
+        with use_options(prefill_persistent=persistent):
+            dispatched.clear()
+            checked_calls.clear()
+            call()
+            assert bool(checked_calls) == checked
+            assert gluon_kernels() == [looping if persistent else tiled] * (2 if chunked else 1)
+    for persistent in (True, False):  # both prepared now: each reused under its own setting
+        with use_options(prefill_persistent=persistent):
+            dispatched.clear()
+            checked_calls.clear()
+            call()
+            assert not checked_calls
+            assert gluon_kernels() == [looping if persistent else tiled] * (2 if chunked else 1)
+
+
 # ---- chunked prefill: the prefix attention, the new tokens' attention and the merge, prepared together ----------
 
 
@@ -270,6 +311,7 @@ def test_a_prepared_call_launches_what_the_checked_path_launches(module, kind, b
     give_out, give_lse = data.draw(st.booleans(), label="out given"), data.draw(st.booleans(), label="lse given")
     scale = data.draw(st.sampled_from([None, 0.0625]), label="softmax_scale")
     tma = data.draw(st.booleans(), label="prefill_tma")
+    persistent = backend == "gluon" and data.draw(st.booleans(), label="prefill_persistent")
     config = None if backend == "gluon" else data.draw(st.sampled_from([None, (16, 32, 4, 1)]), label="config")
     max_seqlen = max(lengths)
     tokens, heads = sum(lengths), module.NUM_HEADS
@@ -291,7 +333,7 @@ def test_a_prepared_call_launches_what_the_checked_path_launches(module, kind, b
         return arguments, out, lse, result
 
     module._PREFILL_LAUNCHES.clear()
-    with use_options(prefill_tma=tma):
+    with use_options(prefill_tma=tma, prefill_persistent=persistent):
         call(0)  # (seen)
         call(1)  # (prepared)
         dispatched.clear()
@@ -320,6 +362,18 @@ def test_a_prepared_call_launches_what_the_checked_path_launches(module, kind, b
     assert len(fast) == gathers + (2 if chunked else 1) * (max_seqlen > 0) + (chunked and tokens > 0)
     for (_, _, got), (_, _, want) in zip(fast, checked, strict=True):
         assert {name: value for name, value in got.items() if value != want[name]} == {} or copied
+    _assert_gluon_variant(module, fast, persistent)
+
+
+def _assert_gluon_variant(module, launches, persistent):
+    """The Gluon prefill's launches among `launches` (dispatched's) are of the variant the prefill_persistent option
+    asks for (the persistent kernel on at most runtime._sm_count programs)."""
+    tiled, looping = module._mla_prefill_gluon_kernel, module._mla_prefill_gluon_persistent_kernel
+    for kernel, grid, named in launches:
+        assert kernel is not (tiled if persistent else looping)
+        if kernel is looping:
+            tiles = named["pairs"] * named["m_blocks"]
+            assert grid == (min(tiles, runtime._sm_count(DEVICE)), 1, 1)
 
 
 @pytest.mark.parametrize("give_outputs", [False, True])
@@ -446,6 +500,7 @@ def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
     give_out, give_lse = data.draw(st.booleans(), label="out given"), data.draw(st.booleans(), label="lse given")
     scale = data.draw(st.sampled_from([None, 0.0625]), label="softmax_scale")
     tma = data.draw(st.booleans(), label="prefill_tma")
+    persistent = backend == "gluon" and data.draw(st.booleans(), label="prefill_persistent")
     config = None if backend == "gluon" else data.draw(st.sampled_from([None, (16, 32, 4, 1)]), label="config")
     shapes = []
     for _ in range(data.draw(st.integers(3, 6), label="calls")):
@@ -474,7 +529,7 @@ def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
 
     module._PREFILL_LAUNCHES.clear()
     seen = {}
-    with use_options(prefill_tma=tma):
+    with use_options(prefill_tma=tma, prefill_persistent=persistent):
         for seed, (lengths, prefix_lens) in enumerate(shapes):
             key = _size_key(chunked, lengths, prefix_lens)
             seen[key] = seen.get(key, 0) + 1
@@ -497,6 +552,7 @@ def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
             assert [launch[:2] for launch in fast] == [launch[:2] for launch in checked]
             for (_, _, got), (_, _, want) in zip(fast, checked, strict=True):
                 assert {name: value for name, value in got.items() if value != want[name]} == {} or copied
+            _assert_gluon_variant(module, fast, persistent)
 
 
 def _poisoned_outputs(module, tokens):

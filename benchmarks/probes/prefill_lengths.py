@@ -6,6 +6,11 @@ pipeline's fill and drain: what a persistent kernel overlaps with the next tile'
 sequences back.
 
     python benchmarks/probes/prefill_lengths.py [--heads 128] [--tokens 16384] [--lengths 1024,2048,4096,8192,16384]
+        [--persistent] [--no-triton]
+
+--persistent adds the Gluon prefill's persistent variant (MLAGEN_PREFILL_PERSISTENT=1: a program per SM looping over
+the tiles, the next tile's query and first key blocks landing during the current one's epilogue) beside the tile
+per program kernel, checked and timed the same way in the same process; --no-triton leaves the portable kernel out.
 """
 
 from __future__ import annotations
@@ -24,9 +29,16 @@ import bench_prefill as bp  # noqa: E402
 
 from mlagen_compiler.options import use_options  # noqa: E402
 
+#: the variants a row times: (label, prefill_backend option, prefill_persistent option)
+VARIANTS = {
+    "triton": ("triton", "triton", False),
+    "gluon": ("gluon", "gluon", False),
+    "persistent": ("gluon-persistent", "gluon", True),
+}
 
-def time_length(module, device, tokens: int, seqlen: int) -> str:
-    """One row: B = tokens / S sequences of S tokens, each backend checked then timed, then cuDNN."""
+
+def time_length(module, device, tokens: int, seqlen: int, variants=("triton", "gluon")) -> str:
+    """One row: B = tokens / S sequences of S tokens, each variant (of VARIANTS) checked then timed, then cuDNN."""
     heads, dn, dr, dv, _ = bp.geometry(module)
     batch = tokens // seqlen
     gen = torch.Generator(device=device).manual_seed(seqlen)
@@ -34,13 +46,14 @@ def time_length(module, device, tokens: int, seqlen: int) -> str:
     want = bp.causal_reference(module, q, kn, kp, v, batch, seqlen)
     flops = batch * heads * seqlen * seqlen * (dn + dr + dv)  # (2 * S^2 / 2 per head and dot width)
     row = []
-    for backend in ("triton", "gluon"):
-        with use_options(prefill_backend=backend):
+    for variant in variants:
+        label, backend, persistent = VARIANTS[variant]
+        with use_options(prefill_backend=backend, prefill_persistent=persistent):
             out = torch.full_like(v, float("nan"))
             module.mla_prefill(q, kn, kp, v, cu, seqlen, out=out)
             wrong = bp.compare(out, want, "bfloat16")[2]
             ms = bp.bench(lambda: module.mla_prefill(q, kn, kp, v, cu, seqlen))
-        row.append(f"{backend} {flops / ms / 1e9:4.0f}{' WRONG ' + wrong[:80] if wrong else ''}")
+        row.append(f"{label} {flops / ms / 1e9:4.0f}{' WRONG ' + wrong[:80] if wrong else ''}")
     qd, kd, vd = bp.dense(q, kn, kp, v, batch, seqlen)
     with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
         ms = bp.bench(lambda: F.scaled_dot_product_attention(qd, kd, vd, is_causal=True, scale=module.SOFTMAX_SCALE))
@@ -52,12 +65,18 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=128)
     parser.add_argument("--tokens", type=int, default=16384)
     parser.add_argument("--lengths", default="1024,2048,4096,8192,16384")
+    parser.add_argument(
+        "--persistent", action="store_true", help="the Gluon prefill's persistent variant too (prefill_persistent)"
+    )
+    parser.add_argument("--no-triton", action="store_true", help="leave the portable kernel out")
     args = parser.parse_args()
+    variants = [v for v in ("triton", "gluon", "persistent") if (v != "triton" or not args.no_triton)]
+    variants = [v for v in variants if v != "persistent" or args.persistent]
     device = torch.device("cuda")
     module = bp.build_modules(Path(tempfile.mkdtemp()))[args.heads]
     print(f"# H{args.heads}, {args.tokens} tokens a batch; TFLOP/s counting the causal half")
     for seqlen in map(int, args.lengths.split(",")):
-        print(time_length(module, device, args.tokens, seqlen), flush=True)
+        print(time_length(module, device, args.tokens, seqlen, variants), flush=True)
 
 
 if __name__ == "__main__":
