@@ -776,6 +776,8 @@ def _recorded_decode_schedules(monkeypatch, module):
     return schedules
 
 
+@INTERPRETER_ONLY
+@INTERPRETER_ONLY
 @pytest.mark.parametrize(
     ("name", "blocks"),
     [
@@ -841,6 +843,7 @@ def test_the_tuner_times_each_gluon_candidate_as_production_runs_it_tuned(tmp_pa
         plain.get_decode_schedule(batch, 1, cpu, tuned=(64, 4, 2), backend="gluon")
 
 
+@INTERPRETER_ONLY
 def test_the_tuner_times_portable_candidates_with_the_tile_as_given(tmp_path, monkeypatch):
     """The portable kernel's buckets: a candidate standing for the tuned entry plans the schedule config= forces
     (the portable kernel's blocks do not depend on whether a tile was given), on a GPU and under the interpreter,
