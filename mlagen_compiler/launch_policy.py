@@ -440,7 +440,9 @@ def gluon_blocks(
     tile, whether the query takes the tile's upper half or fills it).
 
     sizes: the plan's block sizes by name (block_m, block_n, short_block_n, short_stages, long_block_n,
-    long_stages, land_rows, land_ring_slots, land_ring_stages).
+    long_stages, land_rows, land_ring_slots, land_ring_stages). config_given: the caller forced config (the
+    schedule's config=): it is streamed as given, none of the three apply. A tuned entry, and a candidate the tuner
+    times as one (the schedule's tuned=), are not given: they take the same decisions.
 
     Long blocks keep the cost rule's positions a run (fewest_blocks * block_n / long_block_n, rounded up). Short
     blocks (the latency regime's) count their own blocks: their runs are half as long in positions, as they were

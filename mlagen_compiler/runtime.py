@@ -1514,12 +1514,14 @@ def get_decode_schedule(
     backend=None,
     merge=None,
     pdl=None,
+    tuned=None,
 ):
     """Plan a decode launch: backend, rows per program, split-KV runs and tile configuration.
 
     num_parts: how many runs the batch's cache blocks are cut into at most (default: from the SM count).
     config: (block_n, num_warps, num_stages) to force a tile configuration of the portable kernel; with
-        backend="gluon", (block_n, registers of the second warpgroup, num_stages) of DECODE_GLUON_SPACE.
+        backend="gluon", (block_n, registers of the second warpgroup, num_stages) of DECODE_GLUON_SPACE, streamed
+        as given (no fp8 landing ring, short or long blocks: see tuned for a candidate of the tuned entry).
     min_blocks_per_part: fewest cache blocks per run (default: the plan's cost rule).
     block_m: query rows per program of the portable kernel, one of DECODE_SPACE's keys (default: H * Sq,
         clamped).
@@ -1532,11 +1534,18 @@ def get_decode_schedule(
         $MLAGEN_DECODE_MERGE, else "auto".
     pdl: whether a combine launch is a programmatic dependent launch of the split launch (Hopper and later;
         see decode_pdl); default: where it can run, unless MLAGEN_DECODE_PDL=0.
+    tuned: a configuration standing for the tuned entry (DECODE_TUNED) of the launch's bucket, of the same form
+        as config: what `mlagen tune` checks and times each candidate with. It is taken where the tuned entry
+        (or, under the interpreter and off CUDA, the portable kernel's interpreter configuration) would be, and
+        is not a knob: the schedule is the one a call without config plans with that entry shipped. On the
+        Gluon backend the fp8 landing ring, the short and the long blocks then still apply (gluon_blocks), where
+        config forces exactly its tile with none of them. Not with config; name the bucket's backend too.
     """
     _check_host_int(batch_size, "batch_size", 1)
     _check_host_int(seqlen_q, "seqlen_q", 1)
     device = _device_or_default(device)
     _check_device(device, "device", tensors=False)
+    _check(config is None or tuned is None, "tuned", "give config (a forced tile) or tuned, not both")
     rows = seqlen_q * m.NUM_HEADS
     chosen, reason = m.decode_backend(
         device, backend, knobs_given=config is not None or block_m is not None, total_rows=batch_size * rows
@@ -1545,12 +1554,14 @@ def get_decode_schedule(
     if chosen == "gluon":
         block_m, small = m.DECODE_GLUON_BLOCK_M, False
         parts_per_sm = m.DECODE_GLUON_PARTS_PER_SM
-        config_given = config is not None
-        if config is None:
+        config_given = config is not None  # a caller's forced tile (tuned stands for the tuned entry: not given)
+        if tuned is not None:
+            config = tuned
+        elif config is None:
             config = tuned_config(m.DECODE_TUNED, m._gpu_key(device), DECODE_GLUON_BUCKET, m.DECODE_GLUON_DEFAULT)
         _check(
             isinstance(config, (tuple, list)) and tuple(config) in m.DECODE_GLUON_SPACE,
-            "config",
+            "config" if tuned is None else "tuned",
             f"the Gluon decode takes (block_n, registers, stages) in {list(m.DECODE_GLUON_SPACE)}, got {config!r}",
         )
         config = tuple(config)
@@ -1577,7 +1588,9 @@ def get_decode_schedule(
         _check(block_m in m.DECODE_SPACE, "block_m", f"must be one of {sorted(m.DECODE_SPACE)}, got {block_m!r}")
         parts_per_sm, cost_table, slots = m.DECODE_PARTS_PER_SM, m.DECODE_MIN_BLOCKS_PER_PART, sm_count
         narrow, tall_rows = 0, False
-        if config is None and (m._INTERPRET or device.type != "cuda"):
+        if tuned is not None:
+            config = tuned
+        elif config is None and (m._INTERPRET or device.type != "cuda"):
             config = m.DECODE_INTERPRETER_CONFIG
         elif config is None:
             fallback = (m.DECODE_SMALL_DEFAULTS if small else m.DECODE_DEFAULTS)[block_m]

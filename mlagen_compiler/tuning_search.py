@@ -9,7 +9,13 @@ Buckets tuned, per spec:
   configuration checked against the PyTorch reference on them first. Latency-regime buckets are timed
   by CUDA-graph replay, as serving engines run small batches (eager timing would measure the host).
   Where the Gluon backend runs (Hopper), also its bucket `gluon`: (block_n, registers of the second
-  warpgroup, ring stages) timed on the serving-size cases with Sq = 1.
+  warpgroup, ring stages) timed on the serving-size cases with Sq = 1. Every decode candidate is checked,
+  compiled and timed in the schedule a production call plans with it as the bucket's tuned entry
+  (`decode_candidate_schedule`, get_decode_schedule's tuned=), not as a forced config=: on the Gluon bucket
+  the launch policy's fp8 landing ring and long blocks (`launch_policy.gluon_blocks`) still replace the
+  candidate's stages, or its block_n and stages, where production's would (its registers are kept), so the
+  winner is chosen on the path production runs (candidates differing only in what they replace time the same
+  kernel). The portable kernel's schedule is the same either way.
 - prefill: `causal` (`mla_prefill` over the case's new tokens) and `prefix` (the non-causal launch of
   chunked prefill: the new tokens against a prefix of the case's length, already in MHA form); each
   configuration is first checked against the float64 reference on `verify.prefill_cases` (tile-edge
@@ -60,6 +66,7 @@ __all__ = [
     "TuneCase",
     "TuneReport",
     "decode_buckets",
+    "decode_candidate_schedule",
     "entries_from_results",
     "gluon_prefill_unavailable",
     "make_inputs",
@@ -321,6 +328,16 @@ def _bucket_inputs(module: ModuleType, bucket: Bucket, seqlens: Sequence[int], p
 
 
 # ---- one call, as timed ---------------------------------------------------------------------------------
+def decode_candidate_schedule(module: ModuleType, bucket: Bucket, q, config):
+    """The schedule a decode bucket's candidate `config` is checked, compiled (warm_up) and timed with, for the
+    batch and Sq of `q`: the one a production call (no config given) plans with `config` as the bucket's tuned
+    entry, on the bucket's backend (get_decode_schedule's tuned=). On the Gluon backend the fp8 landing ring, the
+    short and the long blocks are then chosen as in production (a forced config= would turn them off); the
+    portable kernel's schedule is the same either way."""
+    batch, seqlen_q = q.shape[0], q.shape[1]
+    return module.get_decode_schedule(batch, seqlen_q, q.device, tuned=tuple(config), backend=_decode_backend(bucket))
+
+
 def _timed_call(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], config) -> Callable[[], Any]:
     """The call that is timed for `config` (planning and output allocation done here, outside it)."""
     import torch
@@ -329,7 +346,7 @@ def _timed_call(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], conf
     if bucket.kernel == "decode":
         q = inputs["q"]
         batch, seqlen_q = q.shape[0], q.shape[1]
-        schedule = module.get_decode_schedule(batch, seqlen_q, q.device, config=config, backend=_decode_backend(bucket))
+        schedule = decode_candidate_schedule(module, bucket, q, config)
         out_shape = (batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK)
         out = torch.empty(out_shape, dtype=module.DTYPE, device=q.device)
         lse = torch.empty((batch, module.NUM_HEADS, seqlen_q), dtype=torch.float32, device=q.device)
@@ -397,9 +414,7 @@ def _check_config(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], co
         return ""
     q = inputs["q"]
     batch, seqlen_q = q.shape[0], q.shape[1]
-    schedule = module.get_decode_schedule(
-        batch, seqlen_q, q.device, config=tuple(config), backend=_decode_backend(bucket)
-    )
+    schedule = decode_candidate_schedule(module, bucket, q, config)
     nan = float("nan")
     out = torch.full((batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK), nan, dtype=module.DTYPE, device=q.device)
     lse = torch.full((batch, module.NUM_HEADS, seqlen_q), nan, dtype=torch.float32, device=q.device)

@@ -761,6 +761,113 @@ def test_gluon_entries_reach_the_gluon_schedule(tmp_path, monkeypatch):
     assert all(b.bucket != "gluon" for b in decode_buckets(module, [CASES["b128-s8k"]], torch.device("cpu")))
 
 
+#: a geometry whose serving batches take the Gluon decode's long blocks: two row blocks (H128, Sq = 1), Dc 256, a
+#: 16-bit cache (no bundled spec has it: Mistral-Small-4 has one row block, DeepSeek's Dc 512 fits no long block)
+LONG_BLOCKS = dict(
+    name="tune-long-blocks", num_heads=128, kv_lora_rank=256, qk_rope_head_dim=64, qk_nope_head_dim=64,
+    v_head_dim=128, page_size=64, dtype="bfloat16", kernels=["decode"],
+)  # fmt: skip
+
+
+def _recorded_decode_schedules(monkeypatch, module):
+    """The schedules mla_decode is called with (the call itself does nothing: Gluon does not run here)."""
+    schedules = []
+    monkeypatch.setattr(module, "mla_decode", lambda *args, schedule, **kwargs: schedules.append(schedule))
+    return schedules
+
+
+@INTERPRETER_ONLY
+@INTERPRETER_ONLY
+@pytest.mark.parametrize(
+    ("name", "blocks"),
+    [
+        ("mistral-small-4-fp8", "landing ring"),  # fp8 at Dc 256, pages of 64
+        (LONG_BLOCKS["name"], "long blocks"),
+        ("mistral-small-4", "as tuned"),  # 16-bit, one row block: the candidate's own blocks
+    ],
+)
+def test_the_tuner_times_each_gluon_candidate_as_production_runs_it_tuned(tmp_path, monkeypatch, name, blocks):
+    """The Gluon bucket's candidates are checked, compiled (warm_up, through the same call) and timed in the
+    schedule a production call (no config) plans with the candidate as the tuned entry it would ship as: the
+    launch policy's fp8 landing ring (Mistral-Small-4's fp8 cache) or long blocks replace the candidate's stages
+    or block_n there too. A forced config= still streams exactly its tile, the ring and the long blocks off."""
+    from mlagen_compiler import tuning_search
+    from mlagen_compiler.tuning_search import decode_candidate_schedule
+
+    spec = spec_from_dict(LONG_BLOCKS) if name == LONG_BLOCKS["name"] else resolve_spec(name)
+    gluon_plan = lower(spec).decode.gluon
+    chosen = next(c for c in gluon_plan.space if c != gluon_plan.default)
+    plain = import_module_from_path(compile_spec(spec, tmp_path / "plain"))
+    # production: a module compiled from a database whose Gluon entry is the candidate
+    db = tmp_path / "db.json"
+    write_db(db, [entry(spec, "gluon", chosen)])
+    shipped = import_module_from_path(compile_spec(spec, tmp_path / "tuned", tuned_for_spec(spec, [db])))
+    tuned_table = shipped.DECODE_TUNED
+    assert tuned_table == {("sm90", H100, "gluon"): chosen, ("sm90", "*", "gluon"): chosen}
+    cpu = torch.device("cpu")  # a GPU and the Gluon backend pretended
+    for module in (plain, shipped):
+        _pretend_gpu(monkeypatch, module, "sm90", H100)
+        monkeypatch.setattr(module, "decode_backend", lambda *args, **kwargs: ("gluon", ""))
+    (bucket,) = (b for b in decode_buckets(plain, [CASES["b128-s8k"]], cpu) if b.bucket == "gluon")
+    batch = bucket.cases[0].batch
+    assert batch > plain.DECODE_SMALL_BATCH  # a serving batch: no short blocks
+    inputs = make_inputs(plain, [3] * batch, 1, torch.Generator().manual_seed(0), cpu)
+    launched = _recorded_decode_schedules(monkeypatch, plain)
+    assert chosen in bucket.configs
+    for config in (chosen, *(c for c in bucket.configs if c != chosen)):  # first the database's entry, then each
+        timed = decode_candidate_schedule(plain, bucket, inputs["q"], config)
+        if config != chosen:
+            monkeypatch.setitem(shipped.DECODE_TUNED, ("sm90", H100, "gluon"), config)
+        production = shipped.get_decode_schedule(batch, 1, cpu)
+        assert repr(timed) == repr(production), config
+        block_n, registers, stages = config
+        if blocks == "landing ring":
+            assert timed.land_slots == plain.DECODE_GLUON_LAND_RING_SLOTS > 1, timed
+            assert timed.config == (block_n, registers, plain.DECODE_GLUON_LAND_RING_STAGES), timed
+        elif blocks == "long blocks":
+            assert timed.config == (plain.DECODE_GLUON_LONG_BLOCK_N, registers, plain.DECODE_GLUON_LONG_BLOCK_STAGES)
+            assert timed.config[0] == 128 and timed.land_slots == 1, timed
+        else:
+            assert timed.config == config and timed.land_slots == 1, timed
+        # a user's config forces exactly that tile: no ring, no long blocks
+        forced = plain.get_decode_schedule(batch, 1, cpu, config=config, backend="gluon")
+        assert forced.config == config and forced.land_slots == 1, forced
+        # the checked and the timed call launch that schedule (warm_up compiles through the timed call)
+        tuning_search._check_config(plain, bucket, inputs, config, tuning_search._reference(plain, bucket, inputs))
+        tuning_search._timed_call(plain, bucket, inputs, config)()
+        assert [repr(s) for s in launched] == [repr(timed)] * 2, config
+        launched.clear()
+    with pytest.raises(ValueError, match=r"^tuned: give config \(a forced tile\) or tuned, not both"):
+        plain.get_decode_schedule(batch, 1, cpu, config=chosen, tuned=chosen, backend="gluon")
+    with pytest.raises(ValueError, match=r"^tuned: the Gluon decode takes \(block_n, registers, stages\)"):
+        plain.get_decode_schedule(batch, 1, cpu, tuned=(64, 4, 2), backend="gluon")
+
+
+@INTERPRETER_ONLY
+def test_the_tuner_times_portable_candidates_with_the_tile_as_given(tmp_path, monkeypatch):
+    """The portable kernel's buckets: a candidate standing for the tuned entry plans the schedule config= forces
+    (the portable kernel's blocks do not depend on whether a tile was given), on a GPU and under the interpreter,
+    whose own configuration a production call takes instead of a tuned one."""
+    from mlagen_compiler.tuning_search import decode_candidate_schedule
+
+    spec = resolve_spec("mistral-small-4-fp8")
+    module = import_module_from_path(compile_spec(spec, tmp_path))
+    cpu = torch.device("cpu")
+    for pretend in (True, False):
+        with monkeypatch.context() as patch:
+            if pretend:
+                _pretend_gpu(patch, module, "sm90", H100)
+            cases = [CASES["b128-s8k"], CASES["b4-s16k"]]
+            buckets = [b for b in decode_buckets(module, cases, cpu) if b.bucket != "gluon"]
+            assert {b.bucket.endswith("-small") for b in buckets} == {True, False}  # both regimes
+            for bucket in buckets:
+                q = torch.empty(bucket.cases[0].batch, bucket.seqlen_q, module.NUM_HEADS, 320, dtype=module.DTYPE)
+                for config in bucket.configs:
+                    timed = decode_candidate_schedule(module, bucket, q, config)
+                    forced = module.get_decode_schedule(*q.shape[:2], cpu, config=config, backend="triton")
+                    assert repr(timed) == repr(forced) and timed.config == config, (bucket.bucket, config)
+
+
 def test_parse_buckets():
     from mlagen_compiler.tuning_search import parse_buckets
 
