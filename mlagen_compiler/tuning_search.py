@@ -14,8 +14,10 @@ Buckets tuned, per spec:
   (`decode_candidate_schedule`, get_decode_schedule's tuned=), not as a forced config=: on the Gluon bucket
   the launch policy's fp8 landing ring and long blocks (`launch_policy.gluon_blocks`) still replace the
   candidate's stages, or its block_n and stages, where production's would (its registers are kept), so the
-  winner is chosen on the path production runs (candidates differing only in what they replace time the same
-  kernel). The portable kernel's schedule is the same either way.
+  winner is chosen on the path production runs. Candidates that plan one schedule (they differ only in what the
+  policy replaces) are one kernel: the first of them in the space is checked and timed, the others take its
+  result, so the stages recorded are those that run, not the pick of a timing's noise. The portable kernel's
+  schedule is the same either way.
 - prefill: `causal` (`mla_prefill` over the case's new tokens) and `prefix` (the non-causal launch of
   chunked prefill: the new tokens against a prefix of the case's length, already in MHA form); each
   configuration is first checked against the float64 reference on `verify.prefill_cases` (tile-edge
@@ -532,6 +534,14 @@ class BucketResult:
         return self.chosen
 
 
+def _as_timed(first: ConfigResult, twin: ConfigResult, case: str) -> None:
+    """A candidate that launches what `first` launched on `case`: `first`'s check and time there."""
+    if first.status != "ok":
+        twin.status, twin.detail = first.status, first.detail
+    elif case in first.times_us:
+        twin.times_us[case] = first.times_us[case]
+
+
 def _error_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0][:160] if text else ''}"
@@ -563,12 +573,21 @@ def tune_module(
             generator = torch.Generator().manual_seed(seed * 7919 + case_index)
             inputs = _bucket_inputs(module, bucket, case.seqlens(generator), case.prefix_len, generator, device)
             reference = _reference(module, bucket, inputs)
+            timed_as: dict[str, tuple[int, ...]] = {}  # a decode schedule (its repr) -> the candidate timed in it
             for cfg in bucket.configs:
                 result = results[cfg]
                 advance(f"{spec.name} {bucket.kernel} {bucket.bucket} {case.name} {'/'.join(map(str, cfg))}")
                 if result.status != "ok":
                     continue
                 try:
+                    if bucket.kernel == "decode":
+                        # candidates the launch policy turns into one launch (the fp8 landing ring's stages replace
+                        # theirs) are one kernel: it is checked and timed once, so noise never ranks its twins
+                        schedule = repr(decode_candidate_schedule(module, bucket, inputs["q"], cfg))
+                        first = timed_as.setdefault(schedule, cfg)
+                        if first != cfg:
+                            _as_timed(results[first], result, case.name)
+                            continue
                     # prefill is checked once on its own cases; decode on every case's inputs
                     if bucket.kernel == "decode" or case_index == 0:
                         problem = _check_config(module, bucket, inputs, cfg, reference)

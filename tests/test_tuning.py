@@ -777,7 +777,6 @@ def _recorded_decode_schedules(monkeypatch, module):
 
 
 @INTERPRETER_ONLY
-@INTERPRETER_ONLY
 @pytest.mark.parametrize(
     ("name", "blocks"),
     [
@@ -841,6 +840,44 @@ def test_the_tuner_times_each_gluon_candidate_as_production_runs_it_tuned(tmp_pa
         plain.get_decode_schedule(batch, 1, cpu, config=chosen, tuned=chosen, backend="gluon")
     with pytest.raises(ValueError, match=r"^tuned: the Gluon decode takes \(block_n, registers, stages\)"):
         plain.get_decode_schedule(batch, 1, cpu, tuned=(64, 4, 2), backend="gluon")
+
+
+@INTERPRETER_ONLY
+@pytest.mark.parametrize("name", ["mistral-small-4-fp8", "mistral-small-4"])
+def test_candidates_the_launch_policy_makes_one_kernel_are_timed_once(tmp_path, monkeypatch, name):
+    """On the fp8 landing ring's path (Mistral-Small-4's fp8 cache) the ring's stages replace each Gluon candidate's,
+    so the 12 candidates are 4 launches, one per register count: each is checked and timed once and its twins take
+    its time, so the winner's stages are those that run, never a timing's noise. Where every candidate is its own
+    launch (the 16-bit cache), each is timed."""
+    from mlagen_compiler import tuning_search
+
+    module = import_module_from_path(compile_spec(resolve_spec(name), tmp_path))
+    cpu = torch.device("cpu")  # a GPU and the Gluon backend pretended; nothing is launched
+    _pretend_gpu(monkeypatch, module, "sm90", H100)
+    monkeypatch.setattr(module, "decode_backend", lambda *args, **kwargs: ("gluon", ""))
+    timed = []
+
+    def clock(module, bucket, inputs, config, **_):  # more stages 'faster': what noise could rank
+        timed.append(config)
+        return 100.0 + config[1] / 8 - config[2]
+
+    monkeypatch.setattr(tuning_search, "time_config", clock)
+    monkeypatch.setattr(tuning_search, "_check_config", lambda *args: "")
+    monkeypatch.setattr(tuning_search, "_reference", lambda *args: None)
+    case = TuneCase("serving", module.DECODE_SMALL_BATCH + 8, 64, False)
+    (bucket,) = (b for b in decode_buckets(module, [case], cpu) if b.bucket == "gluon")
+    (result,) = tuning_search.tune_module(module, [bucket], device=cpu)
+    registers = sorted({config[1] for config in bucket.configs})
+    if name.endswith("fp8"):
+        ring = module.DECODE_GLUON_LAND_RING_STAGES
+        assert timed == [next(c for c in bucket.configs if c[1] == r) for r in registers]
+        assert all(c[2] == ring for c in timed)  # (the space's first of each register count: the ring's stages)
+        scores = {r.config: r.score_us for r in result.results}
+        assert all(scores[c] == scores[(c[0], c[1], ring)] for c in bucket.configs)
+        assert result.chosen == (64, registers[0], ring)
+    else:
+        assert timed == list(bucket.configs)
+        assert result.chosen == (64, registers[0], max(c[2] for c in bucket.configs))
 
 
 @INTERPRETER_ONLY
