@@ -485,8 +485,9 @@ def gluon_blocks(
     return config, fewest_blocks, 1
 
 
-def check_decode_config(config):
-    """(block_n, num_warps, num_stages) as a tuple of ints a launch can take, else a ValueError naming it."""
+def check_decode_config(config, name: str = "config"):
+    """(block_n, num_warps, num_stages) as a tuple of ints a launch can take, else a ValueError naming it (as the
+    argument `name`: config, or tuned where it stands for the tuned entry)."""
     ok = (
         isinstance(config, (tuple, list))
         and len(config) == 3
@@ -498,7 +499,7 @@ def check_decode_config(config):
         ok = ok and 1 <= num_stages <= 6
     if not ok:
         raise _policy_error(
-            "config",
+            name,
             f"expected (block_n: a power of two in 16..256, num_warps: 1, 2, 4, 8 or 16, num_stages: 1..6), "
             f"got {config!r}",
         )

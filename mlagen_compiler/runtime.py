@@ -1595,7 +1595,7 @@ def get_decode_schedule(
         elif config is None:
             fallback = (m.DECODE_SMALL_DEFAULTS if small else m.DECODE_DEFAULTS)[block_m]
             config = tuned_config(m.DECODE_TUNED, m._gpu_key(device), decode_bucket(block_m, small), fallback)
-        config = check_decode_config(config)
+        config = check_decode_config(config, "config" if tuned is None else "tuned")
     num_parts = decode_num_parts(
         num_parts,
         sm_count=slots,

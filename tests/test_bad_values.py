@@ -303,6 +303,7 @@ def test_a_schedule_is_immutable_and_only_its_own_module_takes_it(module, build_
     [
         (dict(num_parts=10**8), r"^num_parts: must be an int in 1\.\.65535, got 100000000$"),
         (dict(config=(48, 8, 2)), r"^config: expected \(block_n: a power of two in 16\.\.256"),
+        (dict(tuned=(48, 8, 2)), r"^tuned: expected \(block_n: a power of two in 16\.\.256"),
         (dict(min_blocks_per_part=0), r"^min_blocks_per_part: must be an int >= 1, got 0$"),
     ],
 )
