@@ -2162,10 +2162,13 @@ def decode_gluon_fp8(m, inputs, workspace, scale, schedule, causal, empty_lse, q
     q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
     o_part, lse_part, counters = workspace
     kv_desc_c, kv_desc_r = gluon_fp8_descriptors(m, kv_cache.view(-1, m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM))
+    # the kernel reads the query's rows by address (row r at Q + r * (Dc + Dr)): the call's own tensor where its rows
+    # are so (a prepared launch then takes a later call's), else q_rows, a contiguous copy
+    q_arg = q if q.is_contiguous() else q_rows
     # fmt: off
     return _PreparedLaunch(
         m._mla_decode_gluon_fp8_kernel, (schedule.row_blocks, schedule.num_parts), inputs, workspace,
-        (q_rows, kv_desc_c, kv_desc_r, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, counters,
+        (q_arg, kv_desc_c, kv_desc_r, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, counters,
          kv_scale, scale * LOG2E, q.shape[0], schedule.num_parts, max(1, schedule.min_blocks_per_part),
          block_table.stride(0), *_decode_output_strides(out, lse, o_part)),
         dict(SQ=q.shape[1], H=m.NUM_HEADS, DC=m.KV_LORA_RANK, DR=m.QK_ROPE_HEAD_DIM, DC_HALF=m.DECODE_GLUON_DC_HALF,

@@ -1,0 +1,263 @@
+"""The spec option cache_compute (exact | fp8) and the Gluon decode's fp8 tensor-core products it selects.
+
+On the CPU: the option validates, reaches the plan, `mlagen show` and the hash, renders for every bundled fp8
+spec (the source compiles to bytecode), leaves the exact path's rendering as it was, and (offline, no GPU) the
+fp8 kernel compiles for sm_90a with e4m3 warpgroup MMAs. On a Hopper GPU: the fp8 decode against the float64
+reference on the dequantised cache, within a bound chosen before any run.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import DEEPSEEK_V3_TP8_SPEC, import_source
+
+from mlagen_compiler import compile_spec, runtime
+from mlagen_compiler.module_file import module_source
+from mlagen_compiler.plan import lower
+from mlagen_compiler.registry import registered_specs, resolve_spec
+from mlagen_compiler.spec import SpecError, spec_from_dict
+from mlagen_compiler.verify import decode_reference, make_decode_inputs, poison_unused_cache
+
+FP8 = "float8_e4m3fn"
+ROOT = Path(__file__).resolve().parent.parent
+#: the bound of the fp8 products' decode against the float64 reference on the dequantised cache, chosen before
+#: any run: relative Frobenius error of each call's whole output, and the largest LSE error (natural log)
+FP8_COMPUTE_REL_NORM = 0.05
+FP8_COMPUTE_LSE_ATOL = 0.05
+
+
+def fp8_spec(**fields):
+    return spec_from_dict({**DEEPSEEK_V3_TP8_SPEC, "name": "fp8-compute", "cache_dtype": FP8, **fields})
+
+
+def bundled_fp8_specs():
+    return [name for name in sorted(registered_specs()) if resolve_spec(name).cache_format.scaled]
+
+
+def with_fp8_compute(spec):
+    """A bundled spec with cache_compute fp8 (its other fields as they are)."""
+    return spec_from_dict({**spec.to_flat_dict(), "name": f"{spec.name}-mma", "cache_compute": "fp8"})
+
+
+# ---- the option --------------------------------------------------------------------------------------------
+
+
+def test_cache_compute_defaults_to_exact_and_leaves_the_hash_as_it_was():
+    spec = fp8_spec()
+    assert spec.cache_compute == "exact"
+    assert "cache_compute" not in spec.to_flat_dict()  # (so every existing spec's hash and module stay)
+    explicit = fp8_spec(cache_compute="exact")
+    assert explicit.content_hash() == spec.content_hash()
+    assert fp8_spec(cache_compute="fp8").content_hash() != spec.content_hash()
+    # the flat dict round-trips, the option included
+    fp8 = fp8_spec(cache_compute="fp8")
+    assert spec_from_dict(fp8.to_flat_dict()) == fp8
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(cache_dtype="bfloat16", cache_compute="fp8"), ["cache_compute=fp8", "cache_dtype=bfloat16", "exact"]),
+        (dict(cache_dtype=None, cache_compute="fp8"), ["cache_compute=fp8", "cache_dtype=bfloat16", FP8]),
+        (dict(cache_compute="int8"), ["cache_compute", "int8", "'exact'", "'fp8'"]),
+        (dict(cache_compute=8), ["cache_compute", "8"]),
+    ],
+)
+def test_cache_compute_rejects_a_bad_value_in_one_line(fields, words):
+    with pytest.raises(SpecError) as info:
+        fp8_spec(**fields)
+    message = str(info.value)
+    assert "\n" not in message, message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_cache_compute_reaches_the_plan_and_mlagen_show():
+    exact, fp8 = lower(fp8_spec()), lower(fp8_spec(cache_compute="fp8"))
+    assert exact.cache_compute == "exact" and not exact.decode.gluon.fp8_compute
+    assert fp8.cache_compute == "fp8" and fp8.decode.gluon.fp8_compute, fp8.decode.gluon.fp8_compute_reason
+    assert fp8.decode.gluon.fp8_land_slots >= 2 and fp8.decode.gluon.fp8_stages >= 2
+    summary = fp8.summary()
+    assert summary["cache_compute"] == "fp8"
+    assert "e4m3 tensor-core products" in summary["decode"]["backend"]
+    assert "portable Triton kernel keeps the exact path" in summary["decode"]["cache_compute"]
+    assert "cache_compute" not in exact.summary()["decode"]
+    # a geometry the Gluon decode does not take: exact everywhere, and the plan says why
+    odd = lower(fp8_spec(kv_lora_rank=96, qk_rope_head_dim=16, cache_compute="fp8"))
+    assert not odd.decode.gluon.fp8_compute
+    assert odd.decode.gluon.fp8_compute_reason
+    assert "exact everywhere" in odd.summary()["decode"]["cache_compute"]
+
+
+@pytest.mark.parametrize("name", bundled_fp8_specs())
+def test_every_bundled_fp8_spec_renders_the_fp8_kernel(name):
+    spec = with_fp8_compute(resolve_spec(name))
+    assert lower(spec).decode.gluon.fp8_compute
+    source = module_source(spec)
+    assert "def _mla_decode_gluon_fp8_kernel(" in source and "DECODE_GLUON_FP8_COMPUTE = True" in source
+    assert "def _mla_decode_gluon_kernel(" in source  # (the exact kernel: launches TMA cannot box)
+    compile(source, f"<{spec.name}>", "exec")
+
+
+def _stable_lines(source, spec):
+    """The module's lines but those naming the spec, its hash or the generator's (they differ by construction)."""
+    spec_bits = (spec.content_hash(), spec.name, spec.module_name)
+    return [
+        line
+        for line in source.splitlines()
+        if not any(bit in line for bit in spec_bits) and not line.startswith(("OPS_NAMESPACE", "SPEC = "))
+    ]
+
+
+@pytest.mark.parametrize("name", bundled_fp8_specs())
+def test_the_exact_path_renders_as_before(name):
+    """cache_compute fp8 only adds to a module: every line of the exact module is there, in order, and nothing
+    of the fp8 kernel is in the exact one (generated/ holds the exact modules: test_render checks them)."""
+    spec = resolve_spec(name)
+    exact = module_source(spec)
+    assert "_gluon_f8_" not in exact and "FP8_COMPUTE" not in exact and "cache_compute" not in exact
+    fp8_spec_ = with_fp8_compute(spec)
+    a, b = _stable_lines(exact, spec), _stable_lines(module_source(fp8_spec_), fp8_spec_)
+    changes = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
+    assert changes and all(tag == "insert" for tag, *_ in changes), changes[:3]
+
+
+def test_the_schedule_takes_the_fp8_products_where_the_module_has_them(tmp_path):
+    module = import_source(module_source(with_fp8_compute(resolve_spec("deepseek-v3-tp8-fp8"))), tmp_path, "mma")
+    assert module.DECODE_GLUON_FP8_COMPUTE
+    assert runtime.gluon_fp8_compute(module, config_given=False)
+    assert not runtime.gluon_fp8_compute(module, config_given=True)  # (a forced tile: the exact kernel as given)
+    exact = import_source(module_source(resolve_spec("deepseek-v3-tp8-fp8")), tmp_path, "exact")
+    assert not runtime.gluon_fp8_compute(exact, config_given=False)
+    # pages smaller than a block: TMA cannot box them, the exact kernel runs
+    small_pages = import_source(module_source(fp8_spec(page_size=16, cache_compute="fp8")), tmp_path, "pages16")
+    assert not runtime.gluon_fp8_compute(small_pages, config_given=False)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3-tp8-fp8", "mistral-small-4-fp8"])
+def test_the_fp8_kernel_compiles_for_sm90_with_e4m3_mmas(tmp_path, name):
+    """Offline (Triton's front end, passes and ptxas; no GPU), in a process of its own: the fp8 kernel compiles,
+    its SASS holds e4m3 warpgroup MMAs (QGMMA) and no 16-bit ones, and (without the fused merge's stack frame)
+    nothing goes to local memory."""
+    spec = with_fp8_compute(resolve_spec(name))
+    module = import_source(module_source(spec), tmp_path, "probe")
+    if module._GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon kernels are not defined under this Triton: {module._GLUON_IMPORT_ERROR}")
+    path = compile_spec(spec, tmp_path / "out")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    tool = ROOT / "benchmarks" / "gluon_offline_compile.py"
+    done = subprocess.run(
+        [sys.executable, str(tool), str(path), "--fp8-compute", "--sq", "2", "--combine-kernel"],
+        capture_output=True, text=True, env=env, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.search(r"'QGMMA\.64x\d+x32': \d+", done.stdout), done.stdout
+    assert "HGMMA" not in done.stdout, done.stdout
+    assert "'STL': 0" in done.stdout and "'LDL': 0" in done.stdout, done.stdout
+
+
+# ---- on a Hopper GPU ------------------------------------------------------------------------------------------
+
+
+def _require_fp8_gluon(module, device):
+    if device.type != "cuda":
+        pytest.skip("GPU only: the Gluon decode does not run in the interpreter")
+    backend, reason = module.decode_backend(device, "auto")
+    if backend != "gluon":
+        pytest.skip(f"Gluon decode cannot run here: {reason}")
+
+
+#: (heads, Dc, Sq, lengths): DeepSeek-V3 TP8 and Mistral-Small-4 widths, lengths from one position to a few
+#: thousand with last blocks partly and wholly filled (pages of 64)
+GPU_CASES = [
+    (16, 512, 1, [1, 63, 64, 65, 700, 2049]),
+    (16, 512, 2, [2, 129, 1000, 4097, 31, 64]),
+    (32, 256, 1, [5, 64, 191, 2500, 8, 1025]),
+    (32, 256, 2, [3, 65, 700, 3001, 128, 17]),
+]
+
+
+@pytest.mark.parametrize("merge", ["fused", "kernel"])
+@pytest.mark.parametrize(("heads", "dc", "seqlen_q", "seqlens"), GPU_CASES)
+def test_fp8_compute_decode_within_its_bound(build_module, device, heads, dc, seqlen_q, seqlens, merge):
+    """cache_compute fp8 on the Gluon decode against the float64 reference on the dequantised cache: random data
+    (N(0, 1), never zeros), NaN in every unused cache slot (e4m3 0x7f) and in the outputs before the call. Each
+    call's output within FP8_COMPUTE_REL_NORM (relative Frobenius norm), its LSE within FP8_COMPUTE_LSE_ATOL;
+    no NaN or inf anywhere (so no poisoned output element survives)."""
+    module = build_module(
+        **{**DEEPSEEK_V3_TP8_SPEC, "name": "fp8-mma", "num_heads": heads, "kv_lora_rank": dc},
+        cache_dtype=FP8,
+        cache_compute="fp8",
+    )
+    _require_fp8_gluon(module, device)
+    g = torch.Generator().manual_seed(1000 * heads + 10 * seqlen_q + len(merge))
+    inputs = make_decode_inputs(module, seqlens, seqlen_q, g, device)
+    poison_unused_cache(inputs)
+    batch = len(seqlens)
+    schedule = module.get_decode_schedule(batch, seqlen_q, device, merge=merge)
+    assert schedule.backend == "gluon" and schedule.fp8_compute, schedule
+    out = torch.full((batch, seqlen_q, heads, dc), float("nan"), dtype=module.DTYPE, device=device)
+    lse = torch.full((batch, heads, seqlen_q), float("nan"), dtype=torch.float32, device=device)
+    module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
+    torch.cuda.synchronize()
+    want, want_lse = decode_reference(module, inputs)
+    assert torch.isfinite(out).all(), "a NaN / inf (or a poisoned element) in the output"
+    assert torch.isfinite(lse).all(), "a NaN / inf (or a poisoned element) in the LSE"
+    got = out.double().cpu()
+    rel = float((got - want).norm() / want.norm())
+    lse_err = float((lse.double().cpu() - want_lse).abs().max())
+    print(f"fp8 products H{heads} Dc{dc} Sq{seqlen_q} {merge}: relative error {rel:.4f}, max LSE error {lse_err:.4f}")
+    assert rel <= FP8_COMPUTE_REL_NORM, f"relative error {rel:.4f} > {FP8_COMPUTE_REL_NORM}"
+    assert lse_err <= FP8_COMPUTE_LSE_ATOL, f"max LSE error {lse_err:.4f} > {FP8_COMPUTE_LSE_ATOL}"
+
+
+def _launch_for(module, kv_cache, seqlen_q=2):
+    """The Gluon launch decode_gluon_split prepares for a cache_compute fp8 schedule (built, not launched: CPU
+    tensors; the kernel's arguments bound by name)."""
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    batch = 3
+    schedule = module.DecodeSchedule(
+        batch, seqlen_q, module.DECODE_GLUON_BLOCK_M, 8, 1,
+        (module.DECODE_GLUON_BLOCK_N, module.DECODE_GLUON_CONSUMER_REGS, module.DECODE_GLUON_FP8_STAGES), 132,
+        backend="gluon", merge="fused", land_slots=module.DECODE_GLUON_FP8_LAND_SLOTS, fp8_compute=True,
+    )  # fmt: skip
+    q = torch.zeros(batch, seqlen_q, module.NUM_HEADS, width, dtype=module.DTYPE)
+    table = torch.zeros(batch, 4, dtype=torch.int32)
+    lens = torch.full((batch,), 100, dtype=torch.int32)
+    out = torch.empty(batch, seqlen_q, module.NUM_HEADS, module.KV_LORA_RANK, dtype=module.DTYPE)
+    lse = torch.empty(batch, module.NUM_HEADS, seqlen_q, dtype=torch.float32)
+    inputs = (q, kv_cache, table, lens, out, lse, torch.ones(1))
+    return runtime.decode_gluon_split(module, inputs, schedule.workspace("cpu"), 0.1, schedule, True, float("-inf"))
+
+
+def test_the_fp8_launch_binds_every_kernel_argument(tmp_path):
+    """decode_gluon_split gives the fp8 kernel exactly its arguments where TMA boxes the cache, and the exact
+    kernel (the plan's ring, one block landing at a time) where it cannot."""
+    module = import_source(module_source(with_fp8_compute(resolve_spec("deepseek-v3-tp8-fp8"))), tmp_path, "bind")
+    if module._GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon kernels are not defined under this Triton: {module._GLUON_IMPORT_ERROR}")
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    cache = torch.zeros(8, module.PAGE_SIZE, 1, width, dtype=torch.float8_e4m3fn)
+    launch = _launch_for(module, cache)
+    assert launch.kernel is module._mla_decode_gluon_fp8_kernel
+    assert len(launch.values) == len(module._mla_decode_gluon_fp8_kernel.arg_names)
+    names = module._mla_decode_gluon_fp8_kernel.arg_names
+    assert launch.values[names.index("STAGES")] == module.DECODE_GLUON_FP8_STAGES
+    assert launch.values[names.index("SLOTS")] == module.DECODE_GLUON_FP8_LAND_SLOTS
+    # rows off the [pages * page_size, Dc + Dr] matrix TMA boxes: the exact kernel, rows loaded by its converters
+    wide = torch.zeros(8, module.PAGE_SIZE, 1, width + 16, dtype=torch.float8_e4m3fn)[..., :width]
+    fallback = _launch_for(module, wide)
+    exact_names = module._mla_decode_gluon_kernel.arg_names
+    assert fallback.kernel is module._mla_decode_gluon_kernel
+    assert fallback.values[exact_names.index("STAGES")] == module.DECODE_GLUON_STAGES
+    assert fallback.values[exact_names.index("LAND_SLOTS")] == 1
+    assert fallback.values[exact_names.index("PRODUCER")] in ("convert", "convert_bytes")
