@@ -245,6 +245,8 @@ def compile_fp8_offline(
     consumer_regs: int | None = None,
     causal: bool = True,
     empty_inf: bool = False,
+    query_terms: int | None = None,
+    stages: int | None = None,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_fp8_kernel (a spec with cache_compute fp8): the launch's arguments
     (runtime.decode_gluon_fp8) on stand-in tensors; returns ptxas' numbers and the SASS's tensor-core kinds."""
@@ -268,10 +270,11 @@ def compile_fp8_offline(
         batch, 8, 5, 64, 512, 512, 512, 64, 1, 512 * 64, 512,
         SQ=seqlen_q, H=heads, DC=module.KV_LORA_RANK, DR=module.QK_ROPE_HEAD_DIM, DC_HALF=module.DECODE_GLUON_DC_HALF,
         PAGE_SIZE=module.PAGE_SIZE, BLOCK_M=module.DECODE_GLUON_BLOCK_M, BLOCK_N=module.DECODE_GLUON_BLOCK_N,
-        BLOCK_B=16, STAGES=module.DECODE_GLUON_FP8_STAGES, SLOTS=module.DECODE_GLUON_FP8_LAND_SLOTS,
+        BLOCK_B=16, STAGES=stages or module.DECODE_GLUON_FP8_STAGES, SLOTS=module.DECODE_GLUON_FP8_LAND_SLOTS,
         CONVERT_WARPS=module.DECODE_GLUON_LAND_WARPS, CONVERT_REGS=module.DECODE_GLUON_FP8_CONVERT_REGS,
         CONSUMER_REGS=consumer_regs or module.DECODE_GLUON_CONSUMER_REGS, ISSUER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
-        QUERY_SLICE=4 * module.DECODE_GLUON_LAND_WARPS, LN2=0.6931471805599453, FUSED_MERGE=fused_merge,
+        QUERY_SLICE=4 * module.DECODE_GLUON_LAND_WARPS, Q_TERMS=query_terms or module.DECODE_GLUON_FP8_QUERY_TERMS,
+        LN2=0.6931471805599453, FUSED_MERGE=fused_merge,
         MERGE_FANIN=module.DECODE_MERGE_FANIN,
         MERGE_LEVELS=module.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=module.DECODE_MERGE_BLOCK_C, SEQUENCE_RUNS=False,
         PARTIAL_STORE=_PARTIAL_EVICTION[True][0], CAUSAL=causal, EMPTY_INF=empty_inf, num_warps=4, grid=(1,),
@@ -412,14 +415,26 @@ def main(argv: list[str] | None = None) -> int:
         help="the fp8 products' kernel of a cache_compute fp8 module (--sq, --regs, --combine-kernel, --non-causal,"
         " --empty-inf apply)",
     )
+    parser.add_argument(
+        "--query-terms", type=int, choices=[1, 2], help="(--fp8-compute) e4m3 terms of the query (default: the plan's)"
+    )
     parser.add_argument("--block-n", type=int, help="(--prefill) key positions a block (default: the plan's)")
-    parser.add_argument("--stages", type=int, help="(--prefill) ring stages (default: the plan's)")
+    parser.add_argument(
+        "--stages", type=int, help="(--prefill) ring stages; (--fp8-compute) V^T stages (default: the plan's)"
+    )
     args = parser.parse_args(argv)
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
     if args.fp8_compute:
         result = compile_fp8_offline(
-            args.module, args.sq, not args.combine_kernel, args.regs, not args.non_causal, args.empty_inf
+            args.module,
+            args.sq,
+            not args.combine_kernel,
+            args.regs,
+            not args.non_causal,
+            args.empty_inf,
+            args.query_terms,
+            args.stages,
         )
     elif args.prefill:
         result = compile_prefill_offline(

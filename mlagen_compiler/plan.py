@@ -231,6 +231,8 @@ class GluonDecodePlan:
     fp8_stages: int = 0
     #: registers of its converter warps (land_warps of them): the query's e4m3 quantisation holds a few rows' loads
     fp8_convert_regs: int = 0
+    #: e4m3 terms of the query (FP8_QUERY_TERMS): 1, or 2 (hi + lo, twice the Q K^T products, about 8 bits kept)
+    fp8_query_terms: int = 0
 
     @property
     def default(self) -> tuple[int, int, int]:
@@ -322,15 +324,23 @@ GLUON_DEFAULT_CONSUMER_REGS = 168
 #: fp8 products (cache_compute fp8): fp8 blocks landing at a time, and the most V^T stages offered
 FP8_LAND_SLOTS = 2
 FP8_MAX_STAGES = 3
+#: ... and the e4m3 terms of the query (1: hi = e4m3(q / scale); 2: hi + lo, lo = e4m3(q / scale - hi), both
+#: multiplied by K, twice the Q K^T products). 2: an emulation of the kernel's rounding in float64 (N(0, 1) query
+#: and latent, DeepSeek-V3's softmax scale, 64 to 8192 positions) put one term's output at 0.048-0.059 relative
+#: error and its LSE 0.06-0.12 off, past tests/test_fp8_compute.py's bound (0.05, 0.05); two terms 0.009-0.011
+#: and 0.008-0.014 (Mistral-Small-4's geometry: 0.031-0.040 and 0.018-0.040 with one term)
+FP8_QUERY_TERMS = 2
 #: ... and its converter warps' registers (80, the exact landing converter's, spilled the query's loads at Sq 2)
 FP8_CONVERT_REGS = 80
 
 
-def _gluon_fp8_smem_bytes(dc: int, dr: int, slots: int, stages: int, block_m: int, block_n: int) -> int:
-    """Shared memory of the fp8-product decode: the e4m3 query tile, `slots` landed fp8 blocks, `stages` e4m3 V^T
-    stages, e4m3 P, the alpha, row-sum and query-scale vectors and the mbarriers (a pair a slot and a stage, six
-    for the query, P and the row sums)."""
-    data = block_m * (dc + dr) + slots * block_n * (dc + dr) + stages * dc * block_n + block_m * block_n
+def _gluon_fp8_smem_bytes(
+    dc: int, dr: int, slots: int, stages: int, block_m: int, block_n: int, terms: int = FP8_QUERY_TERMS
+) -> int:
+    """Shared memory of the fp8-product decode: the e4m3 query tile (`terms` of them), `slots` landed fp8 blocks,
+    `stages` e4m3 V^T stages, e4m3 P, the alpha, row-sum and query-scale vectors and the mbarriers (a pair a slot
+    and a stage, six for the query, P and the row sums)."""
+    data = terms * block_m * (dc + dr) + slots * block_n * (dc + dr) + stages * dc * block_n + block_m * block_n
     return data + 3 * block_m * 4 + 8 * (2 * slots + 2 * stages + 6)
 
 
@@ -424,6 +434,7 @@ def lower_gluon_decode(
         fp8_land_slots=fp8_slots,
         fp8_stages=fp8_stages,
         fp8_convert_regs=FP8_CONVERT_REGS if fp8_compute else 0,
+        fp8_query_terms=FP8_QUERY_TERMS if fp8_compute else 0,
     )
 
 
@@ -631,7 +642,8 @@ class KernelPlan:
                 converted = (
                     f" ({self.spec.cache_dtype} cache, cache_compute fp8: e4m3 tensor-core products, the query"
                     " quantised to e4m3 with a scale a row and P to e4m3, where pages hold whole blocks and the"
-                    f" cache is one matrix TMA can box: {gluon.fp8_land_slots} blocks landed at a time beside"
+                    f" cache is one matrix TMA can box: the query as {gluon.fp8_query_terms} e4m3 term(s),"
+                    f" {gluon.fp8_land_slots} blocks landed at a time beside"
                     f" {gluon.fp8_stages} e4m3 V^T stages, rows as the MMAs' M for any Sq * H (no narrow form,"
                     f" {gluon.block_n}-position blocks); other launches the exact path: {self.spec.cache_dtype}"
                     f" cache converted to float16 in shared memory; {landing})"

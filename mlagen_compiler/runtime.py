@@ -2176,7 +2176,7 @@ def decode_gluon_fp8(m, inputs, workspace, scale, schedule, causal, empty_lse, q
              BLOCK_B=schedule.block_b, STAGES=m.DECODE_GLUON_FP8_STAGES, SLOTS=m.DECODE_GLUON_FP8_LAND_SLOTS,
              CONVERT_WARPS=m.DECODE_GLUON_LAND_WARPS, CONVERT_REGS=m.DECODE_GLUON_FP8_CONVERT_REGS,
              CONSUMER_REGS=schedule.config[1], ISSUER_REGS=m.DECODE_GLUON_PRODUCER_REGS,
-             QUERY_SLICE=4 * m.DECODE_GLUON_LAND_WARPS,
+             QUERY_SLICE=4 * m.DECODE_GLUON_LAND_WARPS, Q_TERMS=m.DECODE_GLUON_FP8_QUERY_TERMS,
              LN2=m._LN2.value, FUSED_MERGE=schedule.merge == "fused", MERGE_FANIN=m.DECODE_MERGE_FANIN,
              MERGE_LEVELS=m.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C,
              SEQUENCE_RUNS=schedule.sequence_runs, PARTIAL_STORE=_PARTIAL_EVICTION[schedule.keep_partials][0],

@@ -450,7 +450,9 @@ def test_bench_decode_checks_fp8_products_against_their_bound_and_selects_exact_
     poisoned = ref.clone()
     poisoned[0, 0, 0, 0] = float("nan")
     assert "NaN" in bench_decode.check_fp8_compute(poisoned, ref_lse, ref, ref_lse)[2]
-    assert bench_decode.CACHE_COMPUTE == {"fp8mma": "fp8"} and "fp8mma" in bench_decode.CACHES
+    assert bench_decode.CACHE_COMPUTE == {"fp8mma": "fp8", "fp8mma1": "fp8"}
+    assert {"fp8mma", "fp8mma1"} <= set(bench_decode.CACHES)
+    assert bench_decode.CACHE_OVERRIDES["fp8mma1"]["DECODE_GLUON_FP8_QUERY_TERMS"] == 1
     name = "Mistral-S4 H32 B128 S8192"
     assert bench_decode.only_matches(f"={name}", name) and not bench_decode.only_matches(f"={name}", f"{name} Sq4")
     assert bench_decode.only_matches("S8192", f"{name} Sq4")
