@@ -247,6 +247,7 @@ def compile_fp8_offline(
     empty_inf: bool = False,
     query_terms: int | None = None,
     stages: int | None = None,
+    narrow: bool = True,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_fp8_kernel (a spec with cache_compute fp8): the launch's arguments
     (runtime.decode_gluon_fp8) on stand-in tensors; returns ptxas' numbers and the SASS's tensor-core kinds."""
@@ -261,6 +262,9 @@ def compile_fp8_offline(
     q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
     kv = torch.empty(64, module.PAGE_SIZE, 1, width, dtype=module.CACHE_DTYPE)
     kv_desc_c, kv_desc_r = gluon_fp8_descriptors(module, kv.view(-1, width))
+    # the narrow form where the launch takes it (rows = Sq * H), unless wide; its converters as the launch's
+    narrow_rows = module.gluon_narrow_rows(seqlen_q * heads, module.DECODE_GLUON_NARROW_ROWS if narrow else 0)
+    warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_rows else module.DECODE_GLUON_LAND_WARPS
     i32 = torch.empty(16, dtype=torch.int32)
     f32 = torch.empty(16, dtype=torch.float32)
     out = torch.empty(16, dtype=module.DTYPE)
@@ -271,9 +275,9 @@ def compile_fp8_offline(
         SQ=seqlen_q, H=heads, DC=module.KV_LORA_RANK, DR=module.QK_ROPE_HEAD_DIM, DC_HALF=module.DECODE_GLUON_DC_HALF,
         PAGE_SIZE=module.PAGE_SIZE, BLOCK_M=module.DECODE_GLUON_BLOCK_M, BLOCK_N=module.DECODE_GLUON_BLOCK_N,
         BLOCK_B=16, STAGES=stages or module.DECODE_GLUON_FP8_STAGES, SLOTS=module.DECODE_GLUON_FP8_LAND_SLOTS,
-        CONVERT_WARPS=module.DECODE_GLUON_LAND_WARPS, CONVERT_REGS=module.DECODE_GLUON_FP8_CONVERT_REGS,
+        CONVERT_WARPS=warps, CONVERT_REGS=module.DECODE_GLUON_FP8_CONVERT_REGS, NARROW=narrow_rows,
         CONSUMER_REGS=consumer_regs or module.DECODE_GLUON_CONSUMER_REGS, ISSUER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
-        QUERY_SLICE=4 * module.DECODE_GLUON_LAND_WARPS, Q_TERMS=query_terms or module.DECODE_GLUON_FP8_QUERY_TERMS,
+        QUERY_SLICE=4 * warps, Q_TERMS=query_terms or module.DECODE_GLUON_FP8_QUERY_TERMS,
         LN2=0.6931471805599453, FUSED_MERGE=fused_merge,
         MERGE_FANIN=module.DECODE_MERGE_FANIN,
         MERGE_LEVELS=module.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=module.DECODE_MERGE_BLOCK_C, SEQUENCE_RUNS=False,
@@ -412,8 +416,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fp8-compute",
         action="store_true",
-        help="the fp8 products' kernel of a cache_compute fp8 module (--sq, --regs, --combine-kernel, --non-causal,"
-        " --empty-inf apply)",
+        help="the fp8 products' kernel of a cache_compute fp8 module (--sq, --wide, --regs, --combine-kernel,"
+        " --non-causal, --empty-inf, --query-terms, --stages apply)",
     )
     parser.add_argument(
         "--query-terms", type=int, choices=[1, 2], help="(--fp8-compute) e4m3 terms of the query (default: the plan's)"
@@ -435,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
             args.empty_inf,
             args.query_terms,
             args.stages,
+            not args.wide,
         )
     elif args.prefill:
         result = compile_prefill_offline(

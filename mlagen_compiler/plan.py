@@ -221,9 +221,9 @@ class GluonDecodePlan:
     space: tuple[tuple[int, int, int], ...] = ()
     #: the spec's cache_compute is fp8 and this geometry takes it: e4m3 tensor-core products (the query quantised
     #: to e4m3 a row at a time, K read straight from the landed fp8 block, P in e4m3, V^T written by the
-    #: converters in e4m3), with BLOCK_M rows as the MMAs' M and block_n-position blocks always (no narrow form,
-    #: no short or long blocks), fp8_land_slots blocks landing at a time beside fp8_stages V^T stages; launches
-    #: whose pages or cache layout TMA cannot box take the exact path
+    #: converters in e4m3), the narrow form where the exact kernel takes it (Sq * H <= narrow_rows), block_n-position
+    #: blocks always (no short or long blocks), fp8_land_slots blocks landing at a time beside fp8_stages V^T
+    #: stages; launches whose pages or cache layout TMA cannot box take the exact path
     fp8_compute: bool = False
     #: why cache_compute fp8 is not taken ('' when it is, or was not asked for)
     fp8_compute_reason: str = ""
@@ -644,8 +644,9 @@ class KernelPlan:
                     " quantised to e4m3 with a scale a row and P to e4m3, where pages hold whole blocks and the"
                     f" cache is one matrix TMA can box: the query as {gluon.fp8_query_terms} e4m3 term(s),"
                     f" {gluon.fp8_land_slots} blocks landed at a time beside"
-                    f" {gluon.fp8_stages} e4m3 V^T stages, rows as the MMAs' M for any Sq * H (no narrow form,"
-                    f" {gluon.block_n}-position blocks); other launches the exact path: {self.spec.cache_dtype}"
+                    f" {gluon.fp8_stages} e4m3 V^T stages, the narrow form where Sq * H <= {gluon.narrow_rows} as the"
+                    f" exact kernel's, {gluon.block_n}-position blocks (no short or long blocks); other launches"
+                    f" the exact path: {self.spec.cache_dtype}"
                     f" cache converted to float16 in shared memory; {landing})"
                 )
             dec["backend"] = (

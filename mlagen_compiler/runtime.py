@@ -1572,8 +1572,7 @@ def get_decode_schedule(
         )
         config = tuple(config)
         fp8_compute = gluon_fp8_compute(m, config_given)
-        # (the fp8 products have no narrow form: rows are the MMAs' M for any Sq * H)
-        narrow = 0 if fp8_compute else gluon_narrow_rows(rows, m.DECODE_GLUON_NARROW_ROWS)
+        narrow = gluon_narrow_rows(rows, m.DECODE_GLUON_NARROW_ROWS)
         tall_rows = not narrow  # query rows as the MMAs' M (see decode_sequence_runs)
         slots, fewest_blocks = gluon_small_batch_schedule(
             sm_count,
@@ -2174,9 +2173,11 @@ def decode_gluon_fp8(m, inputs, workspace, scale, schedule, causal, empty_lse, q
         dict(SQ=q.shape[1], H=m.NUM_HEADS, DC=m.KV_LORA_RANK, DR=m.QK_ROPE_HEAD_DIM, DC_HALF=m.DECODE_GLUON_DC_HALF,
              PAGE_SIZE=m.PAGE_SIZE, BLOCK_M=m.DECODE_GLUON_BLOCK_M, BLOCK_N=m.DECODE_GLUON_BLOCK_N,
              BLOCK_B=schedule.block_b, STAGES=m.DECODE_GLUON_FP8_STAGES, SLOTS=m.DECODE_GLUON_FP8_LAND_SLOTS,
-             CONVERT_WARPS=m.DECODE_GLUON_LAND_WARPS, CONVERT_REGS=m.DECODE_GLUON_FP8_CONVERT_REGS,
+             CONVERT_WARPS=m.DECODE_GLUON_NARROW_LAND_WARPS if schedule.narrow else m.DECODE_GLUON_LAND_WARPS,
+             CONVERT_REGS=m.DECODE_GLUON_FP8_CONVERT_REGS,
              CONSUMER_REGS=schedule.config[1], ISSUER_REGS=m.DECODE_GLUON_PRODUCER_REGS,
-             QUERY_SLICE=4 * m.DECODE_GLUON_LAND_WARPS, Q_TERMS=m.DECODE_GLUON_FP8_QUERY_TERMS,
+             QUERY_SLICE=4 * (m.DECODE_GLUON_NARROW_LAND_WARPS if schedule.narrow else m.DECODE_GLUON_LAND_WARPS),
+             Q_TERMS=m.DECODE_GLUON_FP8_QUERY_TERMS, NARROW=schedule.narrow,
              LN2=m._LN2.value, FUSED_MERGE=schedule.merge == "fused", MERGE_FANIN=m.DECODE_MERGE_FANIN,
              MERGE_LEVELS=m.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C,
              SEQUENCE_RUNS=schedule.sequence_runs, PARTIAL_STORE=_PARTIAL_EVICTION[schedule.keep_partials][0],

@@ -143,11 +143,14 @@ def test_the_schedule_takes_the_fp8_products_where_the_module_has_them(tmp_path)
     assert not runtime.gluon_fp8_compute(small_pages, config_given=False)
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3-tp8-fp8", "mistral-small-4-fp8"])
-def test_the_fp8_kernel_compiles_for_sm90_with_e4m3_mmas(tmp_path, name):
+@pytest.mark.parametrize(
+    ("name", "seqlen_q"), [("deepseek-v3-tp8-fp8", 2), ("mistral-small-4-fp8", 2), ("deepseek-v3-tp8-fp8", 1)]
+)
+def test_the_fp8_kernel_compiles_for_sm90_with_e4m3_mmas(tmp_path, name, seqlen_q):
     """Offline (Triton's front end, passes and ptxas; no GPU), in a process of its own: the fp8 kernel compiles,
     its SASS holds e4m3 warpgroup MMAs (QGMMA) and no 16-bit ones, and (without the fused merge's stack frame)
-    nothing goes to local memory."""
+    nothing goes to local memory; DeepSeek's 16 query rows at Sq 1: the narrow form (m64n16 MMAs), whose launch of
+    16 warps holds a few of the prologue's values in local memory for the partitions, as the exact kernel's."""
     spec = with_fp8_compute(resolve_spec(name))
     module = import_source(module_source(spec), tmp_path, "probe")
     if module._GLUON_IMPORT_ERROR:
@@ -157,13 +160,15 @@ def test_the_fp8_kernel_compiles_for_sm90_with_e4m3_mmas(tmp_path, name):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     tool = ROOT / "benchmarks" / "gluon_offline_compile.py"
     done = subprocess.run(
-        [sys.executable, str(tool), str(path), "--fp8-compute", "--sq", "2", "--combine-kernel"],
+        [sys.executable, str(tool), str(path), "--fp8-compute", "--sq", str(seqlen_q), "--combine-kernel"],
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert re.search(r"'QGMMA\.64x\d+x32': \d+", done.stdout), done.stdout
+    narrow = spec.num_heads * seqlen_q <= 16
+    assert re.search(r"'QGMMA\.64x16x32': \d+" if narrow else r"'QGMMA\.64x\d+x32': \d+", done.stdout), done.stdout
     assert "HGMMA" not in done.stdout, done.stdout
-    assert "'STL': 0" in done.stdout and "'LDL': 0" in done.stdout, done.stdout
+    stores = int(re.search(r"'STL': (\d+)", done.stdout).group(1))
+    assert stores <= (4 if narrow else 0), done.stdout
 
 
 def emulate_fp8_products(q, latent, kv_scale, softmax_scale, dc, terms):
@@ -246,6 +251,7 @@ def test_fp8_compute_decode_within_its_bound(build_module, device, heads, dc, se
     batch = len(seqlens)
     schedule = module.get_decode_schedule(batch, seqlen_q, device, merge=merge)
     assert schedule.backend == "gluon" and schedule.fp8_compute, schedule
+    assert bool(schedule.narrow) == (heads * seqlen_q <= 16), schedule  # (both forms: 16 rows as the MMAs' N)
     out = torch.full((batch, seqlen_q, heads, dc), float("nan"), dtype=module.DTYPE, device=device)
     lse = torch.full((batch, heads, seqlen_q), float("nan"), dtype=torch.float32, device=device)
     module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
@@ -261,7 +267,7 @@ def test_fp8_compute_decode_within_its_bound(build_module, device, heads, dc, se
     assert lse_err <= FP8_COMPUTE_LSE_ATOL, f"max LSE error {lse_err:.4f} > {FP8_COMPUTE_LSE_ATOL}"
 
 
-def _launch_for(module, kv_cache, seqlen_q=2):
+def _launch_for(module, kv_cache, seqlen_q=2, narrow=0):
     """The Gluon launch decode_gluon_split prepares for a cache_compute fp8 schedule (built, not launched: CPU
     tensors; the kernel's arguments bound by name)."""
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
@@ -270,6 +276,7 @@ def _launch_for(module, kv_cache, seqlen_q=2):
         batch, seqlen_q, module.DECODE_GLUON_BLOCK_M, 8, 1,
         (module.DECODE_GLUON_BLOCK_N, module.DECODE_GLUON_CONSUMER_REGS, module.DECODE_GLUON_FP8_STAGES), 132,
         backend="gluon", merge="fused", land_slots=module.DECODE_GLUON_FP8_LAND_SLOTS, fp8_compute=True,
+        narrow=narrow,
     )  # fmt: skip
     q = torch.zeros(batch, seqlen_q, module.NUM_HEADS, width, dtype=module.DTYPE)
     table = torch.zeros(batch, 4, dtype=torch.int32)
@@ -295,6 +302,10 @@ def test_the_fp8_launch_binds_every_kernel_argument(tmp_path):
     assert launch.values[names.index("STAGES")] == module.DECODE_GLUON_FP8_STAGES
     assert launch.values[names.index("SLOTS")] == module.DECODE_GLUON_FP8_LAND_SLOTS
     assert launch.values[names.index("Q_TERMS")] == module.DECODE_GLUON_FP8_QUERY_TERMS == 2
+    assert launch.values[names.index("NARROW")] == 0
+    narrow = _launch_for(module, cache, seqlen_q=1, narrow=16)
+    assert narrow.kernel is module._mla_decode_gluon_fp8_kernel and narrow.values[names.index("NARROW")] == 16
+    assert narrow.values[names.index("CONVERT_WARPS")] == module.DECODE_GLUON_NARROW_LAND_WARPS
     # rows off the [pages * page_size, Dc + Dr] matrix TMA boxes: the exact kernel, rows loaded by its converters
     wide = torch.zeros(8, module.PAGE_SIZE, 1, width + 16, dtype=torch.float8_e4m3fn)[..., :width]
     fallback = _launch_for(module, wide)
