@@ -221,7 +221,7 @@ def main() -> int:
             eager = harness.median_ms(call, warmup=25, rep=200, repeat=2) * 1e3
             graph = bd.time_graph(call) * 1e3
         except Exception as error:  # noqa: BLE001 - a variant that fails is reported; full / exact fail the run
-            print(f"{name:>10}: FAILED {type(error).__name__}: {str(error).splitlines()[0][:200]}")
+            print(f"{name:>10}: FAILED {type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}")
             failed = failed or name in ("full", "exact")
             continue
         form = f"{'fp8mma' if getattr(sched, 'fp8_compute', False) else 'exact kernel'}, narrow {sched.narrow}"
