@@ -1551,17 +1551,18 @@ def get_decode_schedule(
         device, backend, knobs_given=config is not None or block_m is not None, total_rows=batch_size * rows
     )
     sm_count = m._sm_count(device)
+    # a caller's forced tile; tuned stands for the tuned entry (not given) and is checked under its own name
+    config_given, config_name = config is not None, "config" if tuned is None else "tuned"
+    if tuned is not None:
+        config = tuned
     if chosen == "gluon":
         block_m, small = m.DECODE_GLUON_BLOCK_M, False
         parts_per_sm = m.DECODE_GLUON_PARTS_PER_SM
-        config_given = config is not None  # a caller's forced tile (tuned stands for the tuned entry: not given)
-        if tuned is not None:
-            config = tuned
-        elif config is None:
+        if config is None:
             config = tuned_config(m.DECODE_TUNED, m._gpu_key(device), DECODE_GLUON_BUCKET, m.DECODE_GLUON_DEFAULT)
         _check(
             isinstance(config, (tuple, list)) and tuple(config) in m.DECODE_GLUON_SPACE,
-            "config" if tuned is None else "tuned",
+            config_name,
             f"the Gluon decode takes (block_n, registers, stages) in {list(m.DECODE_GLUON_SPACE)}, got {config!r}",
         )
         config = tuple(config)
@@ -1588,14 +1589,12 @@ def get_decode_schedule(
         _check(block_m in m.DECODE_SPACE, "block_m", f"must be one of {sorted(m.DECODE_SPACE)}, got {block_m!r}")
         parts_per_sm, cost_table, slots = m.DECODE_PARTS_PER_SM, m.DECODE_MIN_BLOCKS_PER_PART, sm_count
         narrow, tall_rows = 0, False
-        if tuned is not None:
-            config = tuned
-        elif config is None and (m._INTERPRET or device.type != "cuda"):
+        if config is None and (m._INTERPRET or device.type != "cuda"):
             config = m.DECODE_INTERPRETER_CONFIG
         elif config is None:
             fallback = (m.DECODE_SMALL_DEFAULTS if small else m.DECODE_DEFAULTS)[block_m]
             config = tuned_config(m.DECODE_TUNED, m._gpu_key(device), decode_bucket(block_m, small), fallback)
-        config = check_decode_config(config, "config" if tuned is None else "tuned")
+        config = check_decode_config(config, config_name)
     num_parts = decode_num_parts(
         num_parts,
         sm_count=slots,
