@@ -7,7 +7,8 @@
 #                      make mlagen importable from this tree with its entry points (as `pip install -e .` would),
 #                      then a smoke test: import vllm and its kernels, `from vllm import LLM`, load the plugins
 #   e2e                scripts/vllm_rig/e2e.py: mlagen's CUSTOM backend against TRITON_MLA and FLASHMLA (< 9 min;
-#                      E2E_BUDGET: seconds after which engines are not started, default 450; E2E_ONLY: models)
+#                      E2E_BUDGET: seconds after which engines are not started, default 450; E2E_ONLY: models;
+#                      E2E_CASES: parts of engine labels, with their references)
 #   throughput         scripts/vllm_rig/throughput.py (< 9 min; THROUGHPUT_ARGS: its options, THROUGHPUT_TIMEOUT: seconds,
 #                      default 560)
 #   tp                 scripts/vllm_rig/tp.py: tensor parallelism on two GPUs (nvidia-h200-x2; TP_ARGS, TP_TIMEOUT)
@@ -107,7 +108,7 @@ for mode in "$@"; do
   case $mode in
   part[0-9]) stage_part "$mode" || status=1 ;;
   install) install_rig 2>&1 | tee "$out/install.log"; [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
-  e2e) timeout 530 python3 scripts/vllm_rig/e2e.py --out "$out/e2e.json" --budget "${E2E_BUDGET:-450}" ${E2E_ONLY:+--only "$E2E_ONLY"} 2>&1 | tee "$out/e2e.log"
+  e2e) timeout 530 python3 scripts/vllm_rig/e2e.py --out "$out/e2e.json" --budget "${E2E_BUDGET:-450}" ${E2E_ONLY:+--only "$E2E_ONLY"} ${E2E_CASES:+--cases "$E2E_CASES"} 2>&1 | tee "$out/e2e.log"
     [ "${PIPESTATUS[0]}" = 0 ] || status=1 ;;
   throughput) timeout "${THROUGHPUT_TIMEOUT:-560}" python3 scripts/vllm_rig/throughput.py --out "$out/throughput.json" \
     ${THROUGHPUT_ARGS:-} 2>&1 \

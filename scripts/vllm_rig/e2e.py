@@ -147,6 +147,12 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/vllm-rig/e2e"))
     parser.add_argument("--budget", type=float, default=450.0, help="seconds for everything; later cases NOT RUN")
     parser.add_argument("--only", default="", help="comma-separated model names to run (default all)")
+    parser.add_argument(
+        "--cases",
+        default="",
+        help="comma-separated parts of engine labels: run only the engines whose label contains one (and their "
+        "references); default all",
+    )
     parser.add_argument("--worker", nargs=3, metavar=("CASES", "RESULTS", "DEADLINE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -156,6 +162,12 @@ def main() -> int:
     t0 = time.time()
     deadline = t0 + args.budget
     all_cases = [c for c in cases() if not args.only or c["model"] in args.only.split(",")]
+    if args.cases:
+        wanted = [c for c in all_cases if any(part in c["spec"]["label"] for part in args.cases.split(","))]
+        if not wanted:
+            parser.error(f"--cases: {args.cases!r} matches no engine label")
+        needed = {c["spec"]["label"] for c in wanted} | {c["reference"] for c in wanted if c["reference"]}
+        all_cases = [c for c in all_cases if c["spec"]["label"] in needed]
     for index, case in enumerate(all_cases):
         case["index"] = index
     print(f"[e2e] {len(all_cases)} engines; thresholds bf16 {BF16}, fp8 {FP8}", flush=True)
