@@ -7,8 +7,20 @@
 # image; test_decode.py with test_gluon_backend.py took 239 s so) with -v, so a run cut at its limit still names
 # each test that failed (xdist prints the summary only at the end).
 #   bash benchmarks/gpu_property_tests.sh   (carry [".whl"])
+# `suites` instead runs every GPU test file whole under one longer limit (GPU_SUITES_S, default 540 s: the files
+# above with the Gluon backends' and the tuner's, which do not fit one call beside the plugin):
+#   bash benchmarks/gpu_property_tests.sh suites
 set -uo pipefail
 source benchmarks/job_steps.sh  # (the wheels, PYTHONPATH and the plugin's entry point)
+if [ "${1:-}" = suites ]; then
+  MLAGEN_HYPOTHESIS_PROFILE=ci timeout "${GPU_SUITES_S:-540}" python3 -m pytest -v -n 8 -p no:cacheprovider --tb=short \
+    tests/test_decode.py tests/test_prefill.py tests/test_cache_write.py tests/test_prefill_prepared.py \
+    tests/test_gluon_backend.py tests/test_gluon_prefill.py tests/test_tuning.py >"$out/suites.log" 2>&1
+  echo "suites: exit $?"
+  grep -E "FAILED|ERROR|(passed|failed).* in " "$out/suites.log" | tail -30
+  grep -cE " PASSED" "$out/suites.log" | sed 's/^/PASSED lines: /'
+  exit 0
+fi
 MLAGEN_HYPOTHESIS_PROFILE=ci timeout 300 python3 -m pytest -v -n 8 -p no:cacheprovider --tb=short tests/test_decode.py \
   tests/test_prefill.py tests/test_cache_write.py >"$out/tests.log" 2>&1
 grep -E "FAILED|ERROR|(passed|failed).* in " "$out/tests.log" | tail -30
