@@ -22,7 +22,7 @@ metrics=$metrics,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__dat
 metrics=$metrics,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
 rm -f "/tmp/ncu_$name.ncu-rep"
 "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-count 1 --section SourceCounters \
-  --section WarpStateStats --section SchedulerStats --section GPUSpeedOfLight --metrics "$metrics" \
+  --section WarpStateStats --section SchedulerStats --section SpeedOfLight --metrics "$metrics" \
   -o "/tmp/ncu_$name" "$@" >"$out/ncu_$name.log" 2>&1
 echo "ncu $name: exit $?"
 [ -f "/tmp/ncu_$name.ncu-rep" ] || { tail -n 5 "$out/ncu_$name.log"; exit 1; }
