@@ -4,7 +4,7 @@ once: a stale pattern fails loudly), written to a temporary file and imported; a
 inputs, timed eagerly (do_bench, L2 flushed) and by CUDA-graph replay.
 
     python benchmarks/probes/fp8_compute_parts.py [--spec deepseek-v3-tp8-fp8|mistral-small-4-fp8] \
-        [--batch 128] [--seqlen 8192] [--in-l2] [--dry-run]
+        [--batch 128] [--seqlen 8192] [--in-l2] [--variants full,no-vt,exact] [--dry-run]
 
 Variants: full (unedited, checked against the fp32 reference); no-vt (the converters write no V^T: the stages hold
 stale data), no-pv-mma (both warpgroups' P V products removed), no-qk-mma (the softmax warpgroup's Q K^T replaced by
@@ -126,16 +126,21 @@ def render(spec_name: str, compute: str, where: Path) -> Path:
     return compile_spec(spec, where / spec.name, tuned_for_spec(spec))
 
 
-def variant_files(spec_name: str, tmp: Path) -> dict[str, Path]:
-    """Every variant's module file (edited copies of the fp8 module; exact: its own module)."""
+VARIANTS = ("full", *EDITS, "one-term", "wide", "exact")
+
+
+def variant_files(spec_name: str, tmp: Path, variants=VARIANTS) -> dict[str, Path]:
+    """The variants' module files (edited copies of the fp8 module; exact: its own module)."""
     source = render(spec_name, "fp8", tmp)
     text = source.read_text()
     files = {}
-    for name in ("full", *EDITS, "one-term", "wide"):
+    for name in variants:
+        if name == "exact":
+            files[name] = render(spec_name, "exact", tmp)
+            continue
         path = tmp / f"{source.stem}_{name.replace('-', '_')}.py"
         path.write_text(edited(text, name))
         files[name] = path
-    files["exact"] = render(spec_name, "exact", tmp)
     return files
 
 
@@ -155,7 +160,12 @@ def main() -> int:
     parser.add_argument("--seqlen", type=int, default=8192)
     parser.add_argument("--in-l2", action="store_true")
     parser.add_argument("--dry-run", action="store_true")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, run in this order")
     args = parser.parse_args()
+    variants = tuple(args.variants.split(","))
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown or "full" not in variants:
+        parser.error(f"--variants: {', '.join(unknown) or 'full missing'} (of {', '.join(VARIANTS)}; full is needed)")
     tmp = Path(tempfile.mkdtemp())
     if args.dry_run:
         dry_run(tmp)
@@ -168,10 +178,11 @@ def main() -> int:
     from mlagen_compiler.reference import decode_paged_batched
     from mlagen_compiler.verify import compare_with_lse
 
-    files = variant_files(args.spec, tmp)
+    files = variant_files(args.spec, tmp, variants)
     modules = {name: import_module_from_path(path) for name, path in files.items()}
     for name, value in bd.CACHE_OVERRIDES["fp8mma1"].items():
-        setattr(modules["one-term"], name, value)
+        if "one-term" in modules:
+            setattr(modules["one-term"], name, value)
     full = modules["full"]
     gen = torch.Generator().manual_seed(1)
     lens = [args.seqlen] * args.batch

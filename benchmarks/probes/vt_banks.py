@@ -1,0 +1,133 @@
+"""Shared-memory wavefronts of the fp8 products' V^T write (cache_compute fp8), old and new, by a small bank model
+(dev tool, CPU only: no compilation, no GPU).
+
+    python benchmarks/probes/vt_banks.py
+
+The converter warps read each landed [64 positions, 64 latent columns] e4m3 box (NVMMA layout, 64-byte rows,
+64-byte swizzle) and write it transposed into the V^T stage ([64 columns, 64 positions], the same layout). For each
+register layout of a read or a write (Triton's own linear layout of it: gl.to_linear_layout) the model lists every
+warp instruction and counts its wavefronts.
+
+Assumptions (kept simple):
+  - swizzle: the hardware's (PTX / TMA / wgmma) 64-byte mode, which Triton's NVMMASharedLayout(swizzle 64, 8-bit)
+    follows: the 16-byte chunk index of a 64-byte row r is XORed with (r // 2) % 4, i.e. byte-address bits [5:4]
+    ^= bits [8:7]; rows are 64 bytes, so rows 2k and 2k + 1 share one 128-byte line of the 32 banks;
+  - an instruction moves, per thread, the largest run of elements contiguous both in the thread's registers and
+    in one 16-byte chunk (at most 16 bytes: LDS/STS .32/.64/.128 for 4/8/16 bytes; 1 or 2 bytes are counted as
+    such);
+  - wavefronts of one warp instruction = the largest number of distinct 4-byte words any one bank is asked for
+    (a word asked by several threads is one); no half-warp splitting beyond that, no pipelining across
+    instructions; 128 bytes a wavefront at best.
+Triton's own counter of a read (GluonOpBuilder.get_shared_bank_conflicts: extra wavefronts, by its own vector
+choice) is printed beside it as a cross-check. The old read compiled to LDSM.16.M88.4 (an 8 x 16-byte matrix per
+8 lanes, the same rows 8 positions apart): the same addresses, so the same count. A lane basis mixing positions and
+columns would do better (2 + 2 wavefronts per 128 bytes with 8-byte stores) but Gluon's distributed layouts take
+bases along one dimension only.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+ROW_BYTES = 64
+SWIZZLE_BYTES = 64
+
+
+def swizzled(row: int, col: int) -> int:
+    """Byte offset of element (row, col) of a [rows, 64] 8-bit tile in the 64-byte NVMMA swizzle."""
+    per_phase = 128 // SWIZZLE_BYTES  # rows that share a phase
+    max_phase = SWIZZLE_BYTES // 16  # 16-byte chunks a swizzle period
+    chunk = (col // 16) ^ ((row // per_phase) % max_phase)
+    return row * ROW_BYTES + chunk * 16 + col % 16
+
+
+def _apply(bases, index):
+    out = [0, 0]
+    bit = 0
+    while index:
+        if index & 1:
+            out = [out[0] ^ bases[bit][0], out[1] ^ bases[bit][1]]
+        index >>= 1
+        bit += 1
+    return out
+
+
+def instructions(linear, transpose: bool = False):
+    """Per warp and per vector of registers, the 32 threads' (row, col, bytes) of a [64, 64] 8-bit tile in a
+    distributed linear layout (reg / lane / warp bases); transpose: the tile addressed is the layout's transpose
+    (gl.permute(x, (1, 0)) stored)."""
+    reg, lane, warp = linear.reg_bases, linear.lane_bases, linear.warp_bases
+    if transpose:
+        reg, lane, warp = ([[b[1], b[0]] for b in bs] for bs in (reg, lane, warp))
+    # the thread's contiguous run: register bases stepping the column by 1, 2, 4, ... (inside a 16-byte chunk)
+    vector = []
+    while len(vector) < 4 and [0, 1 << len(vector)] in reg:
+        vector.append(reg.index([0, 1 << len(vector)]))
+    others = [b for i, b in enumerate(reg) if i not in vector]
+    for w in range(1 << len(warp)):
+        for r in range(1 << len(others)):
+            base = _apply(others, r)
+            yield (
+                1 << len(vector),
+                [
+                    [a ^ b ^ c for a, b, c in zip(base, _apply(lane, t), _apply(warp, w), strict=True)]
+                    for t in range(32)
+                ],
+            )
+
+
+def wavefronts(linear, transpose: bool = False) -> tuple[int, int, int]:
+    """(instructions, wavefronts, vector bytes) of one [64, 64] tile read or written in `linear`."""
+    total = count = 0
+    vec = 1
+    for vec, threads in instructions(linear, transpose):
+        words = defaultdict(set)
+        for row, col in threads:
+            start = swizzled(row, col)
+            for byte in range(start, start + vec):
+                words[(byte // 4) % 32].add(byte // 4)
+        total += max(len(v) for v in words.values())
+        count += 1
+    return count, total, vec
+
+
+def main() -> None:
+    from triton._C.libtriton import gluon_ir, ir, nvidia
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language._semantic import GluonSemantic
+
+    ctx = ir.context()
+    ir.load_dialects(ctx)
+    nvidia.load_dialects(ctx)
+    builder = gluon_ir.GluonOpBuilder(ctx)
+    semantic = GluonSemantic(builder)
+    shared = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float8e4nv)
+
+    def linear(layout):
+        return semantic.to_linear_layout(layout, [64, 64]).value
+
+    def triton_count(layout):
+        return builder.get_shared_bank_conflicts(layout._to_ir(builder), shared._to_ir(builder), [64, 64], 8)
+
+    for warps in (4, 2):
+        old = gl.BlockedLayout([8, max(1, 64 // (4 * warps))], [8, 4], [1, warps], [1, 0])
+        # decode_gluon.py.jinja's _gluon_f8_vt_layout
+        new = (
+            gl.BlockedLayout([2, 16], [32, 1], [1, 4], [1, 0])
+            if warps == 4
+            else gl.BlockedLayout([4, 16], [16, 2], [1, 2], [1, 0])
+        )
+        print(f"# {warps} converter warps, one [64, 64] e4m3 box (4096 bytes: 32 wavefronts at best each way)")
+        for name, layout, transpose in (
+            ("old read  (8 positions x 4-8 columns a thread)", old, False),
+            ("old write (the same, permuted)", old, True),
+            (f"new read  ({8 // warps} positions x 16 columns a thread)", new, False),
+            ("new write (the same, permuted)", new, True),
+        ):
+            n, w, vec = wavefronts(linear(layout), transpose)
+            counter = f" (Triton's counter: {triton_count(layout)} conflicts)" if not transpose else ""
+            print(f"{name:48s} {n:3d} warp instructions of {vec:2d} bytes, {w:4d} wavefronts{counter}")
+
+
+if __name__ == "__main__":
+    main()
