@@ -211,6 +211,46 @@ def test_the_fp8_rounding_model_meets_the_bound(name):
         assert rel <= FP8_COMPUTE_REL_NORM / 2 and lse_err <= FP8_COMPUTE_LSE_ATOL / 2, (positions, rel, lse_err)
 
 
+def fp8_mma_chain(a, b, bits=13):
+    """a [R, K] @ b [P, K]^T, both e4m3 values in float64, as a model of a chain of Hopper e4m3 warpgroup MMAs:
+    per K step of 32, the 32 products and the running fp32 sum aligned to the largest of them and truncated
+    (toward 0) to `bits` bits below its leading bit, then summed and rounded to fp32 (DeepSeek-V3's report: about
+    14 bits kept on the H800; 13 reproduces the GPU's LSE errors at DeepSeek's geometry)."""
+    acc = torch.zeros(a.shape[0], b.shape[0], dtype=torch.float64)
+    for k in range(0, a.shape[1], 32):
+        terms = torch.cat([acc[..., None], a[:, None, k : k + 32] * b[None, :, k : k + 32]], -1)
+        top = terms.abs().amax(-1, keepdim=True)
+        quantum = torch.exp2(torch.floor(torch.log2(torch.where(top > 0, top, torch.ones_like(top)))) + 1 - bits)
+        acc = (torch.trunc(terms / quantum) * quantum).sum(-1).float().double()
+    return acc
+
+
+def test_the_fp8_accumulation_model_favours_the_lo_term_first():
+    """The Q K^T chain of the two query terms under a model of the tensor cores' fp8 accumulation (fp8_mma_chain):
+    with the hi term first, the lo term's small products are added to a sum 2**4 larger and mostly truncated away
+    (the GPU's LSE errors at DeepSeek H16 / H128 B128 S8192, 0.035-0.057, against 0.01 for exact accumulators); the
+    kernel chains the lo term first, which keeps its products at their own scale. Scores at DeepSeek-V3's scale."""
+    spec = resolve_spec("deepseek-v3-tp8-fp8")
+    width, scale = spec.kv_lora_rank + spec.qk_rope_head_dim, spec.derived_softmax_scale()
+    g = torch.Generator().manual_seed(3)
+    latent = torch.randn(512, width, generator=g, dtype=torch.float64)
+    kv_scale = 6.0 / 448
+    k8 = (latent / kv_scale).to(torch.float8_e4m3fn).double()
+    q = torch.randn(16, width, generator=g).to(torch.bfloat16).double()
+    q_scale = q.abs().amax(1, keepdim=True) / 448
+    hi = (q / q_scale).to(torch.float8_e4m3fn).double()
+    lo = (q / q_scale - hi).to(torch.float8_e4m3fn).double()
+    exact = (hi + lo) @ k8.T
+
+    def score_error(first, second):
+        chained = fp8_mma_chain(torch.cat([first, second], 1), torch.cat([k8, k8], 1))
+        return float(((chained - exact) * q_scale * kv_scale * scale).pow(2).mean().sqrt())
+
+    hi_first, lo_first = score_error(hi, lo), score_error(lo, hi)
+    print(f"fp8 accumulation model: RMS score error hi first {hi_first:.4f}, lo first {lo_first:.4f}")
+    assert lo_first < 0.5 * hi_first, (hi_first, lo_first)
+
+
 # ---- on a Hopper GPU ------------------------------------------------------------------------------------------
 
 

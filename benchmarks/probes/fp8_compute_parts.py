@@ -71,7 +71,8 @@ _PV_PV_NONE = """\
 _QK = """\
         if NARROW:
             scores = gl.zeros([BLOCK_N, NARROW], gl.float32, s_layout)
-            for t in gl.static_range(Q_TERMS):
+            for tt in gl.static_range(Q_TERMS):
+                t = Q_TERMS - 1 - tt
                 for j in gl.static_range(NC):
                     scores = warpgroup_mma(land_c.index(slot * NC + j),
                                            q8_c.index(t * NC + j + opaque_zero).slice(0, NARROW, dim=0).permute((1, 0)),
@@ -83,7 +84,8 @@ _QK = """\
             pos_axis: gl.constexpr = 0
         else:
             scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-            for t in gl.static_range(Q_TERMS):
+            for tt in gl.static_range(Q_TERMS):
+                t = Q_TERMS - 1 - tt
                 for j in gl.static_range(NC):
                     scores = warpgroup_mma(q8_c.index(t * NC + j + opaque_zero),
                                            land_c.index(slot * NC + j).permute((1, 0)), scores, is_async=True)
