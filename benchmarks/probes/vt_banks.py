@@ -42,6 +42,7 @@ def swizzled(row: int, col: int) -> int:
 
 
 def _apply(bases, index):
+    """The [row, col] that the set bits of `index` select: the XOR of those bases (a linear layout over GF(2))."""
     out = [0, 0]
     bit = 0
     while index:
@@ -53,9 +54,9 @@ def _apply(bases, index):
 
 
 def instructions(linear, transpose: bool = False):
-    """Per warp and per vector of registers, the 32 threads' (row, col, bytes) of a [64, 64] 8-bit tile in a
-    distributed linear layout (reg / lane / warp bases); transpose: the tile addressed is the layout's transpose
-    (gl.permute(x, (1, 0)) stored)."""
+    """Per warp instruction (a warp and a vector of registers): (bytes a thread, the 32 threads' [row, col]) of a
+    [64, 64] 8-bit tile in a distributed linear layout (reg / lane / warp bases); transpose: the tile addressed is
+    the layout's transpose (gl.permute(x, (1, 0)) stored)."""
     reg, lane, warp = linear.reg_bases, linear.lane_bases, linear.warp_bases
     if transpose:
         reg, lane, warp = ([[b[1], b[0]] for b in bs] for bs in (reg, lane, warp))
