@@ -32,11 +32,14 @@ from mlagen_compiler.tuning_db import tuned_for_spec  # noqa: E402
 
 # ---- edits of the generated module's text (as rendered from templates/decode_gluon.py.jinja) -----------------------
 _VT_LOOP = """\
-        for j in range(NC):
-            box = land_u8.index(slot * NC + j).load(read)
+        for j in range(NC // BOXES):
+            words = land_w.index(slot * (NC // BOXES) + j).load(read)
             if MASKED:
-                box = gl.where((pos < n_valid)[:, None], box, gl.zeros_like(box))
-            vt_u8.index(stage * NC + j).store(gl.permute(box, (1, 0)))
+                words = gl.where((pos < n_valid)[None, :, None], words, gl.zeros_like(words))
+            cols = gl.inline_asm_elementwise(_GLUON_F8_VT_ASM, "=r,=r,=r,=r,r,r,r,r", [words], dtype=gl.int32,
+                                             is_pure=True, pack=4)
+            cols = cols.reshape([BOXES, BLOCK_N // 4, 4, 16]).permute((0, 3, 2, 1)).reshape([BOXES, 64, BLOCK_N // 4])
+            vt_w.index(stage * (NC // BOXES) + j).store(cols)
 """
 _SOFTMAX_PV = """\
         if NARROW:

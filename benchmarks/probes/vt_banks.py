@@ -6,7 +6,10 @@
 The converter warps read each landed [64 positions, 64 latent columns] e4m3 box (NVMMA layout, 64-byte rows,
 64-byte swizzle) and write it transposed into the V^T stage ([64 columns, 64 positions], the same layout). For each
 register layout of a read or a write (Triton's own linear layout of it: gl.to_linear_layout) the model lists every
-warp instruction and counts its wavefronts.
+warp instruction and counts its wavefronts. Three generations: old (8 positions x 4-8 columns a thread, bytes),
+bytes (2 or 4 positions x 16 columns a thread, bytes: gl.permute per byte), words (the kernel's now: the box as
+32-bit words, 4 positions x 4 words a thread, a 4 x 4 byte transpose in registers, one word a V^T row's 4
+positions stored; _gluon_f8_vt_layout).
 
 Assumptions (kept simple):
   - swizzle: the hardware's (PTX / TMA / wgmma) 64-byte mode, which Triton's NVMMASharedLayout(swizzle 64, 8-bit)
@@ -15,6 +18,9 @@ Assumptions (kept simple):
   - an instruction moves, per thread, the largest run of elements contiguous both in the thread's registers and
     in one 16-byte chunk (at most 16 bytes: LDS/STS .32/.64/.128 for 4/8/16 bytes; 1 or 2 bytes are counted as
     such);
+  - words: a load moves a thread's 4 consecutive words of one position (LDS.128); the store is counted per 128-byte
+    group of one register across the 32 lanes (a word each): what an STS.32 writes, and what one 8 x 16-byte
+    matrix of the STSM.16.M88.4 that Triton emits for it writes (lane t: word t % 4 of the matrix's row t / 4);
   - wavefronts of one warp instruction = the largest number of distinct 4-byte words any one bank is asked for
     (a word asked by several threads is one); no half-warp splitting beyond that, no pipelining across
     instructions; 128 bytes a wavefront at best.
@@ -92,6 +98,46 @@ def wavefronts(linear, transpose: bool = False) -> tuple[int, int, int]:
     return count, total, vec
 
 
+def word_wavefronts(linear, boxes: int, write: bool) -> tuple[int, int, int]:
+    """(instructions, wavefronts, bytes a thread an instruction) of the words read (write False) or the V^T words
+    written (write True) of `boxes` [64, 64] boxes, the register tensor [boxes, 64 positions, 16 words] in
+    `linear`: element (b, 4p + k, w) is read from box b's row 4p + k, bytes 4w..4w + 3, and (after the transpose)
+    written to V^T row 4w + k of box b, bytes 4p..4p + 3."""
+    reg, lane, warp = linear.reg_bases, linear.lane_bases, linear.warp_bases
+    vector = []
+    if not write:  # the thread's run of words of one position (at most 16 bytes)
+        while len(vector) < 2 and [0, 0, 1 << len(vector)] in reg:
+            vector.append(reg.index([0, 0, 1 << len(vector)]))
+    others = [b for i, b in enumerate(reg) if i not in vector]
+    total = count = 0
+    for w in range(1 << len(warp)):
+        for r in range(1 << len(others)):
+            words = defaultdict(set)
+            for t in range(32):
+                box, pos, word = (_apply3(others, r)[i] ^ _apply3(lane, t)[i] ^ _apply3(warp, w)[i] for i in range(3))
+                for v in range(1 << len(vector)):
+                    if write:
+                        start = box * 4096 + swizzled(4 * word + pos % 4, 4 * (pos // 4))
+                    else:
+                        start = box * 4096 + swizzled(pos, 4 * (word + v))
+                    words[(start // 4) % 32].add(start // 4)
+            total += max(len(v) for v in words.values())
+            count += 1
+    return count // boxes, total // boxes, 4 << len(vector)
+
+
+def _apply3(bases, index):
+    """_apply for rank-3 bases."""
+    out = [0, 0, 0]
+    bit = 0
+    while index:
+        if index & 1:
+            out = [a ^ b for a, b in zip(out, bases[bit], strict=True)]
+        index >>= 1
+        bit += 1
+    return out
+
+
 def main() -> None:
     from triton._C.libtriton import gluon_ir, ir, nvidia
     from triton.experimental.gluon import language as gl
@@ -104,8 +150,8 @@ def main() -> None:
     semantic = GluonSemantic(builder)
     shared = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float8e4nv)
 
-    def linear(layout):
-        return semantic.to_linear_layout(layout, [64, 64]).value
+    def linear(layout, shape=(64, 64)):
+        return semantic.to_linear_layout(layout, list(shape)).value
 
     def triton_count(layout):
         return builder.get_shared_bank_conflicts(layout._to_ir(builder), shared._to_ir(builder), [64, 64], 8)
@@ -118,16 +164,26 @@ def main() -> None:
             if warps == 4
             else gl.BlockedLayout([4, 16], [16, 2], [1, 2], [1, 0])
         )
+        # decode_gluon.py.jinja's _gluon_f8_vt_layout now: [warps / 2 boxes, 64 positions, 16 words] of 32 bits
+        boxes = warps // 2
+        words = gl.BlockedLayout([1, 4, 4], [1, 16, 2], [boxes, 1, 2], [1, 2, 0])
         print(f"# {warps} converter warps, one [64, 64] e4m3 box (4096 bytes: 32 wavefronts at best each way)")
         for name, layout, transpose in (
-            ("old read  (8 positions x 4-8 columns a thread)", old, False),
-            ("old write (the same, permuted)", old, True),
-            (f"new read  ({8 // warps} positions x 16 columns a thread)", new, False),
-            ("new write (the same, permuted)", new, True),
+            ("old read   (8 positions x 4-8 columns a thread)", old, False),
+            ("old write  (the same, permuted)", old, True),
+            (f"bytes read  ({8 // warps} positions x 16 columns a thread)", new, False),
+            ("bytes write (the same, permuted)", new, True),
         ):
             n, w, vec = wavefronts(linear(layout), transpose)
             counter = f" (Triton's counter: {triton_count(layout)} conflicts)" if not transpose else ""
             print(f"{name:48s} {n:3d} warp instructions of {vec:2d} bytes, {w:4d} wavefronts{counter}")
+        for name, write in (
+            ("words read  (4 positions x 4 words a thread)", False),
+            ("words write (4 x 4 byte transposes, a word each)", True),
+        ):
+            n, w, vec = word_wavefronts(linear(words, (boxes, 64, 16)), boxes, write)
+            unit = "128-byte groups (4 an STSM.x4)" if write else "warp instructions"
+            print(f"{name:48s} {n:3d} {unit} of {vec:2d} bytes, {w:4d} wavefronts a box")
 
 
 if __name__ == "__main__":
