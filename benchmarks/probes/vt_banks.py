@@ -9,7 +9,8 @@ register layout of a read or a write (Triton's own linear layout of it: gl.to_li
 warp instruction and counts its wavefronts. Three generations: old (8 positions x 4-8 columns a thread, bytes),
 bytes (2 or 4 positions x 16 columns a thread, bytes: gl.permute per byte), words (the kernel's now: the box as
 32-bit words, 4 positions x 4 words a thread, a 4 x 4 byte transpose in registers, one word a V^T row's 4
-positions stored; _gluon_f8_vt_layout).
+positions stored; _gluon_f8_vt_layout: a warp's lanes over 2 position quads, a word quad, 4 more position quads,
+so that a quarter-warp's 8 loads reach all 4 chunks of their rows).
 
 Assumptions (kept simple):
   - swizzle: the hardware's (PTX / TMA / wgmma) 64-byte mode, which Triton's NVMMASharedLayout(swizzle 64, 8-bit)
@@ -21,9 +22,12 @@ Assumptions (kept simple):
   - words: a load moves a thread's 4 consecutive words of one position (LDS.128); the store is counted per 128-byte
     group of one register across the 32 lanes (a word each): what an STS.32 writes, and what one 8 x 16-byte
     matrix of the STSM.16.M88.4 that Triton emits for it writes (lane t: word t % 4 of the matrix's row t / 4);
-  - wavefronts of one warp instruction = the largest number of distinct 4-byte words any one bank is asked for
-    (a word asked by several threads is one); no half-warp splitting beyond that, no pipelining across
-    instructions; 128 bytes a wavefront at best.
+  - wavefronts of one warp instruction = the sum over its phases of the largest number of distinct 4-byte words
+    any one bank is asked for in the phase (a word asked by several threads is one); the phases: 16-byte accesses
+    are served a quarter-warp (8 lanes) at a time, 8-byte ones a half-warp, narrower ones the whole warp (as
+    Triton's counter has it: 1 extra wavefront a quarter-warp for the bytes read, and 3 for a words read whose
+    quarter-warps reach 2 of a row's 4 chunks, a lane order tried first); no pipelining across instructions; 128
+    bytes a wavefront at best.
 Triton's own counter of a read (GluonOpBuilder.get_shared_bank_conflicts: extra wavefronts, by its own vector
 choice) is printed beside it as a cross-check. The old read compiled to LDSM.16.M88.4 (an 8 x 16-byte matrix per
 8 lanes, the same rows 8 positions apart): the same addresses, so the same count. A lane basis mixing positions and
@@ -37,6 +41,8 @@ from collections import defaultdict
 
 ROW_BYTES = 64
 SWIZZLE_BYTES = 64
+#: lanes served together by bytes a thread: 16-byte accesses in quarter-warps, 8-byte in half-warps
+_PHASE_LANES = {16: 8, 8: 16}
 
 
 def swizzled(row: int, col: int) -> int:
@@ -88,12 +94,14 @@ def wavefronts(linear, transpose: bool = False) -> tuple[int, int, int]:
     total = count = 0
     vec = 1
     for vec, threads in instructions(linear, transpose):
-        words = defaultdict(set)
-        for row, col in threads:
-            start = swizzled(row, col)
-            for byte in range(start, start + vec):
-                words[(byte // 4) % 32].add(byte // 4)
-        total += max(len(v) for v in words.values())
+        phase = _PHASE_LANES.get(vec, 32)
+        for first in range(0, 32, phase):
+            words = defaultdict(set)
+            for row, col in threads[first : first + phase]:
+                start = swizzled(row, col)
+                for byte in range(start, start + vec):
+                    words[(byte // 4) % 32].add(byte // 4)
+            total += max(len(v) for v in words.values())
         count += 1
     return count, total, vec
 
@@ -112,16 +120,20 @@ def word_wavefronts(linear, boxes: int, write: bool) -> tuple[int, int, int]:
     total = count = 0
     for w in range(1 << len(warp)):
         for r in range(1 << len(others)):
-            words = defaultdict(set)
-            for t in range(32):
-                box, pos, word = (_apply3(others, r)[i] ^ _apply3(lane, t)[i] ^ _apply3(warp, w)[i] for i in range(3))
-                for v in range(1 << len(vector)):
-                    if write:
-                        start = box * 4096 + swizzled(4 * word + pos % 4, 4 * (pos // 4))
-                    else:
-                        start = box * 4096 + swizzled(pos, 4 * (word + v))
-                    words[(start // 4) % 32].add(start // 4)
-            total += max(len(v) for v in words.values())
+            phase = _PHASE_LANES.get(4 << len(vector), 32)
+            for first in range(0, 32, phase):
+                words = defaultdict(set)
+                for t in range(first, first + phase):
+                    box, pos, word = (
+                        _apply3(others, r)[i] ^ _apply3(lane, t)[i] ^ _apply3(warp, w)[i] for i in range(3)
+                    )
+                    for v in range(1 << len(vector)):
+                        if write:
+                            start = box * 4096 + swizzled(4 * word + pos % 4, 4 * (pos // 4))
+                        else:
+                            start = box * 4096 + swizzled(pos, 4 * (word + v))
+                        words[(start // 4) % 32].add(start // 4)
+                total += max(len(v) for v in words.values())
             count += 1
     return count // boxes, total // boxes, 4 << len(vector)
 
@@ -166,7 +178,14 @@ def main() -> None:
         )
         # decode_gluon.py.jinja's _gluon_f8_vt_layout now: [warps / 2 boxes, 64 positions, 16 words] of 32 bits
         boxes = warps // 2
-        words = gl.BlockedLayout([1, 4, 4], [1, 16, 2], [boxes, 1, 2], [1, 2, 0])
+        words = gl.DistributedLinearLayout(
+            reg_bases=[[0, 1, 0], [0, 2, 0], [0, 0, 1], [0, 0, 2]],
+            lane_bases=[[0, 4, 0], [0, 8, 0], [0, 0, 4], [0, 16, 0], [0, 32, 0]],
+            warp_bases=[[0, 0, 8]] + ([[1, 0, 0]] if warps == 4 else []),
+            block_bases=[],
+            shape=[boxes, 64, 16],
+        )
+        words_shared = gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=32, rank=3)
         print(f"# {warps} converter warps, one [64, 64] e4m3 box (4096 bytes: 32 wavefronts at best each way)")
         for name, layout, transpose in (
             ("old read   (8 positions x 4-8 columns a thread)", old, False),
@@ -183,7 +202,13 @@ def main() -> None:
         ):
             n, w, vec = word_wavefronts(linear(words, (boxes, 64, 16)), boxes, write)
             unit = "128-byte groups (4 an STSM.x4)" if write else "warp instructions"
-            print(f"{name:48s} {n:3d} {unit} of {vec:2d} bytes, {w:4d} wavefronts a box")
+            counter = ""
+            if not write:
+                extra = builder.get_shared_bank_conflicts(
+                    words._to_ir(builder), words_shared._to_ir(builder), [boxes, 64, 16], 32
+                )
+                counter = f" (Triton's counter: {extra} conflicts)"
+            print(f"{name:48s} {n:3d} {unit} of {vec:2d} bytes, {w:4d} wavefronts a box{counter}")
 
 
 if __name__ == "__main__":
