@@ -32,14 +32,17 @@ from mlagen_compiler.tuning_db import tuned_for_spec  # noqa: E402
 
 # ---- edits of the generated module's text (as rendered from templates/decode_gluon.py.jinja) -----------------------
 _VT_LOOP = """\
-        for j in range(NC // BOXES):
-            words = land_w.index(slot * (NC // BOXES) + j).load(read)
-            if MASKED:
-                words = gl.where((pos < n_valid)[None, :, None], words, gl.zeros_like(words))
-            cols = gl.inline_asm_elementwise(_GLUON_F8_VT_ASM, "=r,=r,=r,=r,r,r,r,r", [words], dtype=gl.int32,
-                                             is_pure=True, pack=4)
-            cols = cols.reshape([BOXES, BLOCK_N // 4, 4, 16]).permute((0, 3, 2, 1)).reshape([BOXES, 64, BLOCK_N // 4])
-            vt_w.index(stage * (NC // BOXES) + j).store(cols)
+        if BOXES > 1:
+            words = land_w.index(slot * PASSES).load(read)
+            for j in gl.static_range(PASSES - 1):
+                ahead = land_w.index(slot * PASSES + j + 1).load(read)
+                _gluon_f8_vt_pass(words, vt_w.index(stage * PASSES + j), pos, n_valid, BOXES, BLOCK_N, MASKED)
+                words = ahead
+            _gluon_f8_vt_pass(words, vt_w.index(stage * PASSES + PASSES - 1), pos, n_valid, BOXES, BLOCK_N, MASKED)
+        else:
+            for j in range(PASSES):
+                _gluon_f8_vt_pass(land_w.index(slot * PASSES + j).load(read), vt_w.index(stage * PASSES + j), pos,
+                                  n_valid, BOXES, BLOCK_N, MASKED)
 """
 _SOFTMAX_PV = """\
         if NARROW:
