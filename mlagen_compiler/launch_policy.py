@@ -156,9 +156,10 @@ PREFILL_GLUON_AUTO_WARPGROUPS = 2
 
 def prefill_gluon_warpgroups(requested, *, one_wg_reason, name="MLAGEN_PREFILL_GLUON_WARPGROUPS"):
     """Consumer warpgroups (2, or 1: the one-warpgroup form) of a Gluon prefill program. requested: "auto", "1"
-    or "2" (MLAGEN_PREFILL_GLUON_WARPGROUPS, the option prefill_gluon_warpgroups), or the int 1 or 2 (a call's
-    warpgroups=); named by `name` in an error. "auto" takes PREFILL_GLUON_AUTO_WARPGROUPS; 1 where the plan does
-    not offer the form (one_wg_reason: why not, '' where it does) is an error naming why."""
+    or "2" (MLAGEN_PREFILL_GLUON_WARPGROUPS, the option prefill_gluon_warpgroups; a call's warpgroups= too), or
+    the int 1 or 2 (a call's warpgroups=); named by `name` in an error. "auto" takes
+    PREFILL_GLUON_AUTO_WARPGROUPS; 1 where the plan does not offer the form (one_wg_reason: why not, '' where it
+    does) is an error naming why."""
     if type(requested) is int and requested in (1, 2):
         chosen = requested
     elif requested in ("auto", "1", "2"):

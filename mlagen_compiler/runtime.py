@@ -2195,7 +2195,7 @@ def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse)
 
 def prefill_gluon_consumers(m, requested=None):
     """Consumer warpgroups (2, or 1: the one-warpgroup form, PREFILL_GLUON_ONE_WG_*) of the module's Gluon prefill
-    programs: requested (1 or 2, a call's warpgroups=), default the option prefill_gluon_warpgroups
+    programs: requested (a call's warpgroups=: 1, 2, "auto", "1" or "2"), default the option prefill_gluon_warpgroups
     ($MLAGEN_PREFILL_GLUON_WARPGROUPS: auto takes 2); the launch policy's prefill_gluon_warpgroups decides. A
     module generated before the form has only 2."""
     name = "warpgroups" if requested is not None else "MLAGEN_PREFILL_GLUON_WARPGROUPS"
@@ -2253,8 +2253,8 @@ def launch_prefill_gluon(
     the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT). launch: what issues it
     (default _launch; a checked mla_prefill's _Recorded). warpgroups: consumer warpgroups a program, 2 or 1 (the
     one-warpgroup form: 64 rows a program, two programs an SM; its config of PREFILL_GLUON_ONE_WG_SPACE, default
-    PREFILL_GLUON_ONE_WG_DEFAULT: the tuned ones are the two-warpgroup kernel's); default: prefill_gluon_consumers's
-    (the option prefill_gluon_warpgroups)."""
+    PREFILL_GLUON_ONE_WG_DEFAULT: the tuned ones are the two-warpgroup kernel's), or the option's "auto", "1",
+    "2"; default: the option prefill_gluon_warpgroups (prefill_gluon_consumers)."""
     consumers = prefill_gluon_consumers(m, warpgroups)
     if config is None:
         if consumers == 1:
