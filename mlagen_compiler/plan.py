@@ -801,6 +801,11 @@ class GluonPrefillPlan:
     registers and shared memory fit is in ``space`` (what `mlagen tune` times, buckets "gluon-causal" and
     "gluon-prefix"); untuned, a launch takes ``default``: the largest block_n that fits, with the most stages that
     fit beside it.
+
+    The one-warpgroup form (``one_wg_*``; the kernel's CONSUMERS = 1, chosen by the prefill_gluon_warpgroups
+    option, never by auto yet): 64 rows a program, one consumer warpgroup and the producer warp, two programs an
+    SM: its tiles (GLUON_PREFILL_ONE_WG_BLOCK_NS x 2..GLUON_PREFILL_MAX_STAGES) fit GLUON_PREFILL_ONE_WG_SMEM,
+    and it launches with GLUON_PREFILL_ONE_WG_MAXNREG registers a thread (256 threads: half an SM's registers).
     """
 
     eligible: bool
