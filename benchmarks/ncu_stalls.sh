@@ -5,8 +5,8 @@
 # e.g. the Gluon prefill at a short and a long length (issue 43: what its tensor cores wait on):
 #   bash benchmarks/ncu_stalls.sh s1024 _mla_prefill_gluon_kernel \
 #     python3 benchmarks/probes/prefill_lengths.py --lengths 1024
-# The launch profiled is the command's first launch of a kernel matching KERNEL_REGEX (a Python regex on the
-# kernel's name; a probe's first launch is its checked one). Several jobs in one call: separate them with `;`.
+# The launch profiled is the command's first launch of a kernel whose name KERNEL_REGEX matches (ncu's
+# --kernel-name regex:; a probe's first launch is its checked one). Several jobs in one call: separate them with `;`.
 # Back under $OUT: ncu_NAME.log (the command's output and ncu's details: warp states, scheduler, shared memory)
 # and partitions_NAME.txt (per partition: instructions, stall samples and reasons, the most stalled instructions).
 set -uo pipefail
@@ -16,10 +16,9 @@ shift 2
 budget=${NCU_BUDGET_S:-300}
 source benchmarks/job_steps.sh
 ncu=${NCU:-/usr/local/cuda/bin/ncu}
-STEP_LINES='Warp Cycles Per Issued|No Eligible|Eligible Warps Per|Issue Slots Busy|Stall (Long|Barrier|Short|Wait|GMMA|Math|MIO)|shared_op|Duration'
+STEP_LINES='Warp Cycles Per Issued|No Eligible|Eligible Warps Per|Stall (Long|Barrier|Short|Wait|GMMA|Math|MIO)|shared_op|Duration|Pipe Tensor|DRAM Throughput'
 metrics=l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
 metrics=$metrics,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
-metrics=$metrics,sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
 rm -f "/tmp/ncu_$name.ncu-rep"
 "$ncu" --clock-control none --kernel-name "regex:$kernel" --launch-count 1 --section SourceCounters \
   --section WarpStateStats --section SchedulerStats --section SpeedOfLight --metrics "$metrics" \
