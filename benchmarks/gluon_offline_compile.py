@@ -8,6 +8,10 @@ errors and register spills without device time.
 
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py --prefill [--non-causal]
+    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp1.py --prefill --warpgroups 1
+
+--prefill prints, besides ptxas' line, the setmaxnreg of each partition (from the PTX), the threads a program
+and whether two programs fit an SM (shared memory and registers at launch).
 
 An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles the producer its launch would choose for --sq (the
 landing producer where Sq * H <= 32, else the converting one); --producer picks one.
@@ -246,15 +250,28 @@ def compile_prefill_offline(
     stages: int | None = None,
     consumer_regs: int | None = None,
     producer_regs: int | None = None,
+    warpgroups: int = 2,
 ) -> dict:
     """Compile the module's _mla_prefill_gluon_kernel (causal, or the non-causal prefix attention of chunked
     prefill, whose outputs are float32 partials: float32_out); returns ptxas' numbers. block_n / stages / the
-    registers: the plan's unless given."""
+    registers: the plan's unless given. warpgroups: consumer warpgroups a program, 2 or 1 (the one-warpgroup form,
+    its own default tile, launched with maxnreg PREFILL_GLUON_ONE_WG_MAXNREG)."""
     module = _load_offline(module_path)
     assert not module._PREFILL_GLUON_IMPORT_ERROR, module._PREFILL_GLUON_IMPORT_ERROR
     tokens, heads = 1024, module.NUM_HEADS
     dn, dr, dv = module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
-    block_n = block_n or module.PREFILL_GLUON_BLOCK_N
+    one_wg = {}
+    default_block_n, default_stages = module.PREFILL_GLUON_BLOCK_N, module.PREFILL_GLUON_STAGES
+    if warpgroups == 1:
+        if not hasattr(module, "PREFILL_GLUON_ONE_WG_SPACE"):
+            raise ValueError(f"warpgroups: {module_path} has no one-warpgroup form (a module before it)")
+        if module.PREFILL_GLUON_ONE_WG_REASON:
+            raise ValueError(f"warpgroups: 1 is not offered for {module_path}: {module.PREFILL_GLUON_ONE_WG_REASON}")
+        default_block_n, default_stages = module.PREFILL_GLUON_ONE_WG_DEFAULT
+        one_wg = {"CONSUMERS": 1, "maxnreg": module.PREFILL_GLUON_ONE_WG_MAXNREG}
+    elif warpgroups != 2:
+        raise ValueError(f"warpgroups: expected 1 or 2, got {warpgroups!r}")
+    block_n = block_n or default_block_n
     q = torch.empty(tokens, heads * (dn + dr), dtype=module.DTYPE)
     k_nope = torch.empty(tokens, heads * dn, dtype=module.DTYPE)
     k_pe = torch.empty(tokens, dr, dtype=module.DTYPE)
@@ -273,23 +290,62 @@ def compile_prefill_offline(
         out.stride(1),
         tokens,
         4 * heads,  # pairs
-        -(-tokens // module.PREFILL_GLUON_BLOCK_M),  # m_blocks
+        -(-tokens // (warpgroups * module.PREFILL_GLUON_WARPGROUP_ROWS)),  # m_blocks
         4,  # sections
         H=heads,
         DN=dn,
         DR=dr,
         DV=dv,
         BLOCK_N=block_n,
-        STAGES=stages or module.PREFILL_GLUON_STAGES,
+        STAGES=stages or default_stages,
         CAUSAL=causal,
         STORE_LSE=store_lse,
         CONSUMER_REGS=consumer_regs or module.PREFILL_GLUON_CONSUMER_REGS,
         PRODUCER_REGS=producer_regs or module.PREFILL_GLUON_PRODUCER_REGS,
         LN2=0.6931471805599453,
+        **one_wg,
         num_warps=4,
         grid=(1,),
     )
-    return {"shared": kernel.metadata.shared, "resources": _resource_usage(kernel.asm["cubin"]), "kernel": kernel}
+    return {
+        "block_n": block_n,
+        "stages": stages or default_stages,
+        "shared": kernel.metadata.shared,
+        "resources": _resource_usage(kernel.asm["cubin"]),
+        **_occupancy(kernel),
+        "kernel": kernel,
+    }
+
+
+#: an sm_90 SM: shared memory (of which the system reserves 1 KB a program) and registers
+_SM90_SMEM, _SM90_RESERVED_SMEM, _SM90_REGS = 228 * 1024, 1024, 64 * 1024
+
+
+def _occupancy(kernel) -> dict:
+    """The setmaxnreg values of the kernel's PTX (increases and decreases, as `inc N` / `dec N` with their
+    counts), threads a program, registers a thread at launch (.maxnreg) and the programs an SM holds by shared
+    memory and by registers, with the arithmetic."""
+    import collections
+    import re
+
+    ptx = kernel.asm["ptx"]
+    setmaxnreg = collections.Counter(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))
+    threads = int(re.search(r"\.reqntid (\d+)", ptx).group(1))
+    maxnreg_match = re.search(r"\.maxnreg (\d+)", ptx)
+    regs = int(maxnreg_match.group(1)) if maxnreg_match else kernel.n_regs
+    shared = kernel.metadata.shared
+    by_smem = _SM90_SMEM // (shared + _SM90_RESERVED_SMEM)
+    by_regs = _SM90_REGS // (regs * threads)
+    return {
+        "setmaxnreg": {f"{kind} {n}": count for (kind, n), count in sorted(setmaxnreg.items())},
+        "threads": threads,
+        "regs_at_launch": regs,
+        "programs_per_sm": min(by_smem, by_regs),
+        "arithmetic": (
+            f"smem: {_SM90_SMEM} // ({shared} + {_SM90_RESERVED_SMEM}) = {by_smem}; "
+            f"regs: {_SM90_REGS} // ({regs} x {threads}) = {by_regs}"
+        ),
+    }
 
 
 def _resource_usage(cubin: bytes) -> str:
@@ -336,6 +392,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--block-n", type=int, help="(--prefill) key positions a block (default: the plan's)")
     parser.add_argument("--stages", type=int, help="(--prefill) ring stages (default: the plan's)")
+    parser.add_argument(
+        "--warpgroups",
+        type=int,
+        choices=[1, 2],
+        default=2,
+        help="(--prefill) consumer warpgroups a program: 2, or 1 (the one-warpgroup form, two programs an SM)",
+    )
     args = parser.parse_args(argv)
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
@@ -347,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
             block_n=args.block_n,
             stages=args.stages,
             consumer_regs=args.regs,
+            warpgroups=args.warpgroups,
         )
     else:
         result = compile_offline(

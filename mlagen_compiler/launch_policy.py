@@ -149,6 +149,28 @@ def select_prefill_backend(
     return _select_backend("prefill", requested, PREFILL_BACKENDS, name, forced_triton, auto_keeps, facts)
 
 
+#: consumer warpgroups a Gluon prefill program has under "auto": 2 everywhere (the one-warpgroup form, two programs
+#: an SM for short sequences, has not run on a GPU yet: it is taken only on request)
+PREFILL_GLUON_AUTO_WARPGROUPS = 2
+
+
+def prefill_gluon_warpgroups(requested, *, one_wg_reason, name="MLAGEN_PREFILL_GLUON_WARPGROUPS"):
+    """Consumer warpgroups (2, or 1: the one-warpgroup form) of a Gluon prefill program. requested: "auto", "1"
+    or "2" (MLAGEN_PREFILL_GLUON_WARPGROUPS, the option prefill_gluon_warpgroups; a call's warpgroups= too), or
+    the int 1 or 2 (a call's warpgroups=); named by `name` in an error. "auto" takes
+    PREFILL_GLUON_AUTO_WARPGROUPS; 1 where the plan does not offer the form (one_wg_reason: why not, '' where it
+    does) is an error naming why."""
+    if type(requested) is int and requested in (1, 2):
+        chosen = requested
+    elif requested in ("auto", "1", "2"):
+        chosen = PREFILL_GLUON_AUTO_WARPGROUPS if requested == "auto" else int(requested)
+    else:
+        raise _policy_error(name, f"expected auto, 1 or 2, got {requested!r}")
+    if chosen == 1 and one_wg_reason:
+        raise _policy_error(name, f"1 is not offered here: {one_wg_reason}")
+    return chosen
+
+
 #: share of the L2 cache that one section of the Gluon prefill's tile order may fill with keys and values
 PREFILL_SECTION_L2_SHARE = 0.5
 

@@ -84,6 +84,12 @@ class Options:
         "auto",
         "prefill backend (auto: the Gluon kernel on Hopper where the plan takes the geometry, else the portable one)",
     )
+    prefill_gluon_warpgroups: str = _option(
+        "MLAGEN_PREFILL_GLUON_WARPGROUPS",
+        ("auto", "1", "2"),
+        "auto",
+        "consumer warpgroups of a Gluon prefill program (1: 64 rows, two programs an SM; auto: 2)",
+    )
     prefill_tma: bool = _option("MLAGEN_PREFILL_TMA", ("0", "1"), "1", "prefill key/value tiles through TMA")
     direct_launch: bool = _option(
         "MLAGEN_DIRECT_LAUNCH", ("0", "1"), "1", "launch compiled kernels without Triton's dispatch"

@@ -498,6 +498,9 @@ class PrefillPlan:
             "prefill_gluon_reason": self.gluon.reason,
             "prefill_gluon_space": self.gluon.space,
             "prefill_gluon_default": self.gluon.default,
+            "prefill_gluon_one_wg_reason": self.gluon.one_wg_reason,
+            "prefill_gluon_one_wg_space": self.gluon.one_wg_space,
+            "prefill_gluon_one_wg_default": self.gluon.one_wg_default,
         }
 
 
@@ -765,6 +768,18 @@ GLUON_PREFILL_LIVE_REGS = 176
 #: 128 x 24 <= 64K registers, the producer warp's partition counted as a warpgroup)
 GLUON_PREFILL_CONSUMER_REGS = 240
 GLUON_PREFILL_PRODUCER_REGS = 24
+#: the one-warpgroup form (one consumer warpgroup of 64 rows a program, BLOCK_M = 64) is for two programs an SM:
+#: registers at launch (ptxas' .maxnreg) x 256 threads (the consumer warpgroup and the producer warp's, padded to
+#: a warpgroup) <= 65,536 / 2 ...
+GLUON_PREFILL_ONE_WG_MAXNREG = 128
+#: ... which setmaxnreg splits as the producer's GLUON_PREFILL_PRODUCER_REGS and the consumer's rest (what the
+#: default partition gets: 2 x 128 - 24 = 232)
+GLUON_PREFILL_ONE_WG_CONSUMER_REGS = 2 * GLUON_PREFILL_ONE_WG_MAXNREG - GLUON_PREFILL_PRODUCER_REGS
+#: ... and shared memory of one program <= half of an sm_90 SM's 228 KB less the 1 KB the system reserves a block
+#: (115,712 B), less 512 B for Triton's layout-conversion scratch beside the tiles
+GLUON_PREFILL_ONE_WG_SMEM = (228 * 1024) // 2 - 1024 - 512
+#: key blocks of the one-warpgroup form, largest first (32 too: more stages fit beside the smaller query tile)
+GLUON_PREFILL_ONE_WG_BLOCK_NS = (128, 64, 32)
 
 
 @dataclass(frozen=True)
@@ -786,6 +801,11 @@ class GluonPrefillPlan:
     registers and shared memory fit is in ``space`` (what `mlagen tune` times, buckets "gluon-causal" and
     "gluon-prefix"); untuned, a launch takes ``default``: the largest block_n that fits, with the most stages that
     fit beside it.
+
+    The one-warpgroup form (``one_wg_*``; the kernel's CONSUMERS = 1, chosen by the prefill_gluon_warpgroups
+    option, never by auto yet): 64 rows a program, one consumer warpgroup and the producer warp, two programs an
+    SM: its tiles (GLUON_PREFILL_ONE_WG_BLOCK_NS x 2..GLUON_PREFILL_MAX_STAGES) fit GLUON_PREFILL_ONE_WG_SMEM,
+    and it launches with GLUON_PREFILL_ONE_WG_MAXNREG registers a thread (256 threads: half an SM's registers).
     """
 
     eligible: bool
@@ -806,11 +826,33 @@ class GluonPrefillPlan:
     #: and ring depth that fit, largest block first (empty where not eligible). Rows per program are fixed at two
     #: warpgroups of one warpgroup MMA (128).
     space: tuple[tuple[int, int], ...] = ()
+    #: the one-warpgroup form (two programs an SM; chosen by the prefill_gluon_warpgroups option, never by auto
+    #: yet): why it is not offered ('' when it is), its (block_n, stages) that fit two programs an SM (largest
+    #: block first; its default: the first block's most stages), one program's shared memory at the default, and
+    #: the setmaxnreg of its consumer warpgroup under GLUON_PREFILL_ONE_WG_MAXNREG registers at launch
+    one_wg_reason: str = ""
+    one_wg_space: tuple[tuple[int, int], ...] = ()
+    one_wg_smem_bytes: int = 0
+    one_wg_maxnreg: int = GLUON_PREFILL_ONE_WG_MAXNREG
+    one_wg_consumer_regs: int = GLUON_PREFILL_ONE_WG_CONSUMER_REGS
 
     @property
     def default(self) -> tuple[int, int]:
         """The untuned configuration of the tuning space: the plan's block_n and stages."""
         return (self.block_n, self.num_stages)
+
+    @property
+    def one_wg_offered(self) -> bool:
+        return self.eligible and not self.one_wg_reason
+
+    @property
+    def one_wg_default(self) -> tuple[int, int]:
+        """The one-warpgroup form's (block_n, stages): the largest block that fits two programs an SM, with the
+        most stages beside it ((0, 0) where the form is not offered)."""
+        if not self.one_wg_space:
+            return (0, 0)
+        block_n = self.one_wg_space[0][0]
+        return (block_n, max(s for n, s in self.one_wg_space if n == block_n))
 
 
 def _gluon_prefill_smem_bytes(dn: int, dr: int, dv: int, block_m: int, block_n: int, stages: int) -> int:
@@ -843,6 +885,13 @@ def lower_gluon_prefill(dn: int, dr: int, dv: int) -> GluonPrefillPlan:
     # the largest block that fits, and the most stages for it
     block_n = fitting[0][0] if fitting else GLUON_PREFILL_BLOCK_NS[0]
     stages = max((s for n, s in fitting if n == block_n), default=2)
+    one_wg_reason, one_wg_space = _lower_gluon_prefill_one_wg(dn, dr, dv, rows)
+    if reasons:
+        one_wg_reason, one_wg_space = "the Gluon prefill does not take the geometry", ()
+    one_wg_smem = 0
+    if one_wg_space:
+        n = one_wg_space[0][0]
+        one_wg_smem = _gluon_prefill_smem_bytes(dn, dr, dv, rows, n, max(s for m, s in one_wg_space if m == n))
     return GluonPrefillPlan(
         eligible=not reasons,
         reason="; ".join(reasons),
@@ -855,6 +904,37 @@ def lower_gluon_prefill(dn: int, dr: int, dv: int) -> GluonPrefillPlan:
         producer_regs=GLUON_PREFILL_PRODUCER_REGS,
         verified_triton=GLUON_VERIFIED_TRITON,
         space=tuple(fitting) if not reasons else (),
+        one_wg_reason=one_wg_reason,
+        one_wg_space=one_wg_space,
+        one_wg_smem_bytes=one_wg_smem,
+    )
+
+
+def _gluon_prefill_one_wg_live_regs() -> int:
+    """Loop-carried registers the one-warpgroup form's consumer may hold: GLUON_PREFILL_LIVE_REGS less what its
+    setmaxnreg lacks of the two-warpgroup form's."""
+    return GLUON_PREFILL_LIVE_REGS - (GLUON_PREFILL_CONSUMER_REGS - GLUON_PREFILL_ONE_WG_CONSUMER_REGS)
+
+
+def _lower_gluon_prefill_one_wg(dn: int, dr: int, dv: int, rows: int) -> tuple[str, tuple[tuple[int, int], ...]]:
+    """(why not, space) of the one-warpgroup form: every (block_n, stages) of GLUON_PREFILL_ONE_WG_BLOCK_NS x
+    2..GLUON_PREFILL_MAX_STAGES whose query tile (64 rows) and stages fit GLUON_PREFILL_ONE_WG_SMEM and whose
+    loop-carried registers fit the consumer's share of GLUON_PREFILL_ONE_WG_MAXNREG x 256."""
+    live = _gluon_prefill_one_wg_live_regs()
+    fitting = tuple(
+        (block_n, s)
+        for block_n in GLUON_PREFILL_ONE_WG_BLOCK_NS
+        if _gluon_prefill_live_regs(dv, rows, block_n) <= live
+        for s in range(2, GLUON_PREFILL_MAX_STAGES + 1)
+        if _gluon_prefill_smem_bytes(dn, dr, dv, rows, block_n, s) <= GLUON_PREFILL_ONE_WG_SMEM
+    )
+    if fitting:
+        return "", fitting
+    need = _gluon_prefill_smem_bytes(dn, dr, dv, rows, GLUON_PREFILL_ONE_WG_BLOCK_NS[-1], 2)
+    return (
+        f"two programs an SM: the 64-row query tile + 2 key stages need {need} B of shared memory a program"
+        f" > {GLUON_PREFILL_ONE_WG_SMEM}",
+        (),
     )
 
 

@@ -57,6 +57,7 @@ from .launch_policy import (
     gluon_narrow_rows,
     gluon_small_batch_schedule,
     next_pow2,
+    prefill_gluon_warpgroups,
     select_decode_backend,
     select_prefill_backend,
     tuned_config,
@@ -392,10 +393,12 @@ def _ordered_values(kernel, args, constexprs):
     return args + tuple(constexprs[name] for name in kernel.arg_names[len(args) :])
 
 
-def _launch_options(num_warps, num_stages, launch_pdl=False):
+def _launch_options(num_warps, num_stages, launch_pdl=False, maxnreg=None):
     options = {"num_warps": num_warps} if num_stages is None else {"num_warps": num_warps, "num_stages": num_stages}
     if launch_pdl:  # a programmatic dependent launch (compiled into the kernel's launcher; never interpreted)
         options["launch_pdl"] = True
+    if maxnreg is not None:  # registers a thread at launch (ptxas' .maxnreg; the Gluon prefill's one-warpgroup form)
+        options["maxnreg"] = maxnreg
     return options
 
 
@@ -445,9 +448,10 @@ def _dispatch(kernel, grid, args, options):
         runtime.jit_cache_hook, runtime.jit_post_compile_hook = hooks
 
 
-def _launch(kernel, grid, *args, num_warps, num_stages=None, per_call=None, **constexprs):
+def _launch(kernel, grid, *args, num_warps, num_stages=None, maxnreg=None, per_call=None, **constexprs):
     """kernel[grid](*args, **constexprs) at a fraction of its host cost. per_call: how the launch's grid and
     size-dependent ints follow from a call's tensors (see _PreparedLaunch); a recorder's (_Recorded), unused here.
+    maxnreg: registers a thread at launch (a compile option, part of the key; default: Triton's).
 
     Triton's dispatch binds and specialises all arguments and looks the compiled kernel up on every
     launch (tens of microseconds of Python); here it runs on the first launch of each key (_launch_key:
@@ -455,7 +459,7 @@ def _launch(kernel, grid, *args, num_warps, num_stages=None, per_call=None, **co
     (_launch_compiled). The interpreter, and MLAGEN_DIRECT_LAUNCH=0, always take the dispatch. Launches
     repeated with tensors of one layout (decode) skip even this through a _PreparedLaunch.
     """
-    options = _launch_options(num_warps, num_stages)
+    options = _launch_options(num_warps, num_stages, maxnreg=maxnreg)
     if _INTERPRET or not _options().direct_launch:
         _dispatch(kernel, grid, args, {**options, **constexprs})
         return
@@ -556,11 +560,22 @@ class _PreparedLaunch:
     )
 
     def __init__(
-        self, kernel, grid, inputs, owned, args, constexprs, num_warps, num_stages=None, launch_pdl=False, per_call=None
+        self,
+        kernel,
+        grid,
+        inputs,
+        owned,
+        args,
+        constexprs,
+        num_warps,
+        num_stages=None,
+        launch_pdl=False,
+        per_call=None,
+        maxnreg=None,
     ):
         self.kernel = kernel
         self.grid = _grid3(grid)
-        self.options = _launch_options(num_warps, num_stages, launch_pdl)
+        self.options = _launch_options(num_warps, num_stages, launch_pdl, maxnreg)
         values = list(_ordered_values(kernel, args, constexprs))
         self.tensor_slots, self.descriptor_slots, self.reusable = [], [], _options().direct_launch
         self.per_call = self.int_classes = self.int_specialized = None
@@ -722,16 +737,18 @@ class _Recorded(list):
     launch goes through _launch and is kept (its arguments, and per_call: how its grid and size-dependent ints
     follow from a call's tensors); prepare() makes them _PreparedLaunch of the call."""
 
-    def __call__(self, kernel, grid, *args, num_warps, num_stages=None, per_call=None, **constexprs):
-        _launch(kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, **constexprs)
-        self.append((kernel, grid, args, constexprs, num_warps, num_stages, per_call))
+    def __call__(self, kernel, grid, *args, num_warps, num_stages=None, maxnreg=None, per_call=None, **constexprs):
+        _launch(kernel, grid, *args, num_warps=num_warps, num_stages=num_stages, maxnreg=maxnreg, **constexprs)
+        self.append((kernel, grid, args, constexprs, num_warps, num_stages, per_call, maxnreg))
 
     def prepare(self, inputs):
         """The launches as _PreparedLaunch of the call's `inputs` (nothing owned) for calls of any token count, or
         None where one is not reusable (a launch without per_call included: its grid would be this call's)."""
         launches = [
-            _PreparedLaunch(kernel, grid, inputs, (), args, constexprs, num_warps, num_stages, per_call=per_call)
-            for kernel, grid, args, constexprs, num_warps, num_stages, per_call in self
+            _PreparedLaunch(
+                kernel, grid, inputs, (), args, constexprs, num_warps, num_stages, per_call=per_call, maxnreg=maxnreg
+            )
+            for kernel, grid, args, constexprs, num_warps, num_stages, per_call, maxnreg in self
         ]
         return launches if all(launch.reusable and launch.per_call for launch in launches) else None
 
@@ -2176,6 +2193,18 @@ def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse)
 # module's: it imports and makes them where its Triton release has Gluon) ----------------------------------------
 
 
+def prefill_gluon_consumers(m, requested=None):
+    """Consumer warpgroups (2, or 1: the one-warpgroup form, PREFILL_GLUON_ONE_WG_*) of the module's Gluon prefill
+    programs: requested (a call's warpgroups=: 1, 2, "auto", "1" or "2"), default the option prefill_gluon_warpgroups
+    ($MLAGEN_PREFILL_GLUON_WARPGROUPS: auto takes 2); the launch policy's prefill_gluon_warpgroups decides. A
+    module generated before the form has only 2."""
+    name = "warpgroups" if requested is not None else "MLAGEN_PREFILL_GLUON_WARPGROUPS"
+    if requested is None:
+        requested = _options().prefill_gluon_warpgroups
+    reason = getattr(m, "PREFILL_GLUON_ONE_WG_REASON", "the module was generated before the one-warpgroup form")
+    return prefill_gluon_warpgroups(requested, one_wg_reason=reason, name=name)
+
+
 def gluon_prefill_descriptors(m, q, k_nope, k_pe, v, block_n):
     """TMA descriptors of q [T, H * (Dn + Dr)] (boxes of one warpgroup's rows: its nope and its rope columns),
     k_nope [T, H * Dn], k_pe [T, Dr] and v [T, H * Dv] (boxes of one key block); the tensors' layouts are
@@ -2200,19 +2229,41 @@ def gluon_prefill_tma_ok(tensor, head_dim):
 
 
 def launch_prefill_gluon(
-    m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None, config=None, launch=None
+    m,
+    q,
+    k_nope,
+    k_pe,
+    v,
+    cu_q,
+    cu_k,
+    max_seqlen_q,
+    out,
+    lse,
+    scale,
+    causal,
+    sections=None,
+    config=None,
+    launch=None,
+    warpgroups=None,
 ):
     """One launch of the module's _mla_prefill_gluon_kernel (arguments already checked; lse may be None). A tensor
     TMA cannot address is copied into a dense one first; no key at all (an empty prefix batch) takes the portable
     kernel, which only writes zeros and -inf then. sections: of the tile order (default: prefill_sections's; 1:
     row blocks outermost). config: (block_n, stages) of PREFILL_GLUON_SPACE (default: the device's tuned one for
     the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT). launch: what issues it
-    (default _launch; a checked mla_prefill's _Recorded)."""
+    (default _launch; a checked mla_prefill's _Recorded). warpgroups: consumer warpgroups a program, 2 or 1 (the
+    one-warpgroup form: 64 rows a program, two programs an SM; its config of PREFILL_GLUON_ONE_WG_SPACE, default
+    PREFILL_GLUON_ONE_WG_DEFAULT: the tuned ones are the two-warpgroup kernel's), or the option's "auto", "1",
+    "2"; default: the option prefill_gluon_warpgroups (prefill_gluon_consumers)."""
+    consumers = prefill_gluon_consumers(m, warpgroups)
     if config is None:
-        config = m.tuned_config(
-            m.PREFILL_TUNED, m._gpu_key(q.device), m.prefill_gluon_bucket(causal), m.PREFILL_GLUON_DEFAULT
-        )
-    block_n, stages = _check_prefill_gluon_config(m, config)
+        if consumers == 1:
+            config = m.PREFILL_GLUON_ONE_WG_DEFAULT
+        else:
+            config = m.tuned_config(
+                m.PREFILL_TUNED, m._gpu_key(q.device), m.prefill_gluon_bucket(causal), m.PREFILL_GLUON_DEFAULT
+            )
+    block_n, stages = _check_prefill_gluon_config(m, config, consumers)
     if max_seqlen_q == 0:
         return
     if k_nope.shape[0] == 0:
@@ -2252,10 +2303,15 @@ def launch_prefill_gluon(
             "sections",
             f"must be an int in 1..{pairs} ((sequence, head) pairs), got {sections!r}",
         )
-    per_call = _prefill_gluon_per_call(m, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device), sections)
+    per_call = _prefill_gluon_per_call(
+        m, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device), sections, consumers
+    )
     grid, (lse_stride, pairs, m_blocks, sections) = per_call(cu_q, k_nope, lse, max_seqlen_q)
     # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that; a
-    # probe's sections are checked against this call's pairs only: such a launch is never prepared)
+    # probe's sections are checked against this call's pairs only: such a launch is never prepared. The
+    # one-warpgroup form: CONSUMERS=1 and maxnreg, 256 threads x PREFILL_GLUON_ONE_WG_MAXNREG = half an SM's
+    # registers; the two-warpgroup kernel: CONSUMERS=2 and Triton's maxnreg, as before the form)
+    one_wg = {"CONSUMERS": 1, "maxnreg": m.PREFILL_GLUON_ONE_WG_MAXNREG} if consumers == 1 else {"CONSUMERS": 2}
     # fmt: off
     (_launch if launch is None else launch)(
         m._mla_prefill_gluon_kernel, grid,
@@ -2263,7 +2319,7 @@ def launch_prefill_gluon(
         scale * LOG2E, out.stride(0), out.stride(1), lse_stride, pairs, m_blocks, sections,
         H=heads, DN=dn, DR=dr, DV=dv, BLOCK_N=block_n, STAGES=stages,
         CAUSAL=causal, STORE_LSE=lse is not None, CONSUMER_REGS=m.PREFILL_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, num_warps=4,
+        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, **one_wg, num_warps=4,
         per_call=None if given_sections else (per_call, _PREFILL_GLUON_SIZED, (cu_q, k_nope, lse), max_seqlen_q))
     # fmt: on
 
@@ -2272,12 +2328,12 @@ def launch_prefill_gluon(
 _PREFILL_GLUON_SIZED = ("stride_lse_h", "pairs", "m_blocks", "sections")
 
 
-def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None):
+def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None, consumers=2):
     """launch_prefill_gluon's grid and size-dependent ints (_PREFILL_GLUON_SIZED) as a function of its tensors
     cu_q, k_nope, lse (or None) and max_seqlen_q (see _PreparedLaunch's per_call): one program per (sequence,
-    head) pair and row block of the longest sequence; the pairs in `sections` sections (default:
-    prefill_sections's for the keys per sequence, bytes_per_key and l2_bytes)."""
-    heads, block_m = m.NUM_HEADS, m.PREFILL_GLUON_BLOCK_M
+    head) pair and row block (consumers x PREFILL_GLUON_WARPGROUP_ROWS rows) of the longest sequence; the pairs in
+    `sections` sections (default: prefill_sections's for the keys per sequence, bytes_per_key and l2_bytes)."""
+    heads, block_m = m.NUM_HEADS, consumers * m.PREFILL_GLUON_WARPGROUP_ROWS
 
     def per_call(cu_q, k_nope, lse, max_seqlen_q):
         batch = cu_q.shape[0] - 1
@@ -2327,12 +2383,16 @@ def prefill_backend(m, device=None, requested=None, *, knobs_given=False):
     )
 
 
-def _check_prefill_gluon_config(m, config):
-    """(block_n, stages) of the module's PREFILL_GLUON_SPACE as a tuple, else a ValueError naming config."""
+def _check_prefill_gluon_config(m, config, consumers=2):
+    """(block_n, stages) of the module's PREFILL_GLUON_SPACE (consumers 1, the one-warpgroup form:
+    PREFILL_GLUON_ONE_WG_SPACE) as a tuple, else a ValueError naming config."""
+    space, form = m.PREFILL_GLUON_SPACE, "the Gluon prefill"
+    if consumers == 1:
+        space, form = m.PREFILL_GLUON_ONE_WG_SPACE, "the Gluon prefill's one-warpgroup form"
     _check(
-        isinstance(config, (tuple, list)) and tuple(config) in m.PREFILL_GLUON_SPACE,
+        isinstance(config, (tuple, list)) and tuple(config) in space,
         "config",
-        f"the Gluon prefill takes (block_n, stages) in {list(m.PREFILL_GLUON_SPACE)}, got {config!r}",
+        f"{form} takes (block_n, stages) in {list(space)}, got {config!r}",
     )
     return tuple(config)
 
@@ -2340,10 +2400,13 @@ def _check_prefill_gluon_config(m, config):
 def _checked_prefill_config(m, backend, config):
     """A forced prefill configuration as the chosen backend takes it, or None (not forced): the portable kernel's
     (block_m, block_n, num_warps, num_stages) (check_prefill_config), the Gluon kernel's (block_n, stages) of
-    PREFILL_GLUON_SPACE."""
+    PREFILL_GLUON_SPACE (of PREFILL_GLUON_ONE_WG_SPACE where the option prefill_gluon_warpgroups takes the
+    one-warpgroup form)."""
     if config is None:
         return None
-    return _check_prefill_gluon_config(m, config) if backend == "gluon" else check_prefill_config(config)
+    if backend == "gluon":
+        return _check_prefill_gluon_config(m, config, prefill_gluon_consumers(m))
+    return check_prefill_config(config)
 
 
 def _launch_prefill_on(

@@ -372,7 +372,11 @@ def _timed_call(module: ModuleType, bucket: Bucket, inputs: dict[str, Any], conf
     args = (q, keys["k_nope"], keys["k_pe"], keys["v"], inputs["cu_seqlens"], cu_k, inputs["max_seqlen"], out, lse,
             module.SOFTMAX_SCALE, causal)  # fmt: skip
     if gluon:
-        # the Gluon kernel's launch alone (mla_prefill's argument checks are host time its tile does not decide)
+        # the Gluon kernel's launch alone (mla_prefill's argument checks are host time its tile does not decide);
+        # the two-warpgroup kernel, whose (block_n, stages) the buckets hold, whatever prefill_gluon_warpgroups says
+        # (a module generated before the one-warpgroup form takes no warpgroups=)
+        if hasattr(module, "PREFILL_GLUON_ONE_WG_SPACE"):
+            return lambda: module._launch_prefill_gluon(*args, config=config, warpgroups=2)
         return lambda: module._launch_prefill_gluon(*args, config=config)
     return lambda: module._launch_prefill(*args, config)
 

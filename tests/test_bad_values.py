@@ -524,6 +524,21 @@ def test_schedule_environment_knobs_name_the_variable(module, name, value, messa
         module.get_decode_schedule(2, 1, DEVICE)
 
 
+@pytest.mark.parametrize("value", ["3", "one", "0", "auto,1"])
+def test_the_gluon_prefill_warpgroups_variable_names_itself(module, value):
+    """MLAGEN_PREFILL_GLUON_WARPGROUPS (the Gluon prefill's consumer warpgroups a program): auto, 1 or 2."""
+    message = f"MLAGEN_PREFILL_GLUON_WARPGROUPS: expected auto, 1 or 2, got {value!r}"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        Options.from_env({"MLAGEN_PREFILL_GLUON_WARPGROUPS": value})
+    with pytest.raises(
+        ValueError, match=f"^prefill_gluon_warpgroups: expected auto, 1 or 2, got {re.escape(repr(value))}$"
+    ):
+        Options(prefill_gluon_warpgroups=value)
+    q, k_nope, k_pe, v, cu = mha(module, [3, 5])
+    with use_options(Options.from_env({"MLAGEN_PREFILL_GLUON_WARPGROUPS": ""})):  # blank: unset (auto)
+        module.mla_prefill(q, k_nope, k_pe, v, cu, 5)
+
+
 @pytest.mark.parametrize(
     ("flag", "value"), [("validate", "no"), ("validate", 1), ("return_lse", "yes"), ("return_lse", 0)]
 )

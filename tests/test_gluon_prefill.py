@@ -8,6 +8,11 @@ test_prefill.py run both backends.
 from __future__ import annotations
 
 import ast
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +20,12 @@ from helpers import import_source
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlagen_compiler.launch_policy import PREFILL_AUTO_GLUON, select_prefill_backend
+from mlagen_compiler.launch_policy import (
+    PREFILL_AUTO_GLUON,
+    PREFILL_GLUON_AUTO_WARPGROUPS,
+    prefill_gluon_warpgroups,
+    select_prefill_backend,
+)
 from mlagen_compiler.module_file import module_source
 from mlagen_compiler.options import Options, use_options
 from mlagen_compiler.plan import (
@@ -23,8 +33,15 @@ from mlagen_compiler.plan import (
     GLUON_PREFILL_BLOCK_NS,
     GLUON_PREFILL_LIVE_REGS,
     GLUON_PREFILL_MAX_STAGES,
+    GLUON_PREFILL_ONE_WG_BLOCK_NS,
+    GLUON_PREFILL_ONE_WG_CONSUMER_REGS,
+    GLUON_PREFILL_ONE_WG_MAXNREG,
+    GLUON_PREFILL_ONE_WG_SMEM,
+    GLUON_PREFILL_PRODUCER_REGS,
     _gluon_prefill_live_regs,
+    _gluon_prefill_one_wg_live_regs,
     _gluon_prefill_smem_bytes,
+    _lower_gluon_prefill_one_wg,
     lower,
     lower_gluon_prefill,
 )
@@ -45,7 +62,67 @@ def test_bundled_specs_render_gluon_prefill_source(name):
     assert f"PREFILL_GLUON_BLOCK_N = {plan.block_n}" in source and f"PREFILL_GLUON_STAGES = {plan.num_stages}" in source
     # the tuning space and its default (today's tile) beside them
     assert f"PREFILL_GLUON_SPACE = {plan.space}" in source and f"PREFILL_GLUON_DEFAULT = {plan.default}" in source
+    # the one-warpgroup form: offered, its space and default beside them, the kernel's CONSUMERS (default 2)
+    assert plan.one_wg_offered and plan.one_wg_reason == "" and plan.one_wg_default in plan.one_wg_space
+    assert plan.one_wg_smem_bytes <= GLUON_PREFILL_ONE_WG_SMEM
+    assert "PREFILL_GLUON_ONE_WG_REASON = ''" in source
+    assert f"PREFILL_GLUON_ONE_WG_SPACE = {plan.one_wg_space}" in source
+    assert f"PREFILL_GLUON_ONE_WG_DEFAULT = {plan.one_wg_default}" in source
+    assert f"PREFILL_GLUON_ONE_WG_MAXNREG = {GLUON_PREFILL_ONE_WG_MAXNREG}" in source
+    assert "CONSUMERS: gl.constexpr = 2," in source
     compile(source, f"<{name}>", "exec")
+
+
+def _fits_two_programs_an_sm(dn, dr, dv, block_n, stages):
+    """Whether a (block_n, stages) tile of the one-warpgroup form fits half an SM's shared memory and its consumer's
+    registers."""
+    rows = lower_gluon_prefill(dn, dr, dv).warpgroup_rows
+    smem = _gluon_prefill_smem_bytes(dn, dr, dv, rows, block_n, stages)
+    return smem <= GLUON_PREFILL_ONE_WG_SMEM and _gluon_prefill_live_regs(dv, rows, block_n) <= (
+        _gluon_prefill_one_wg_live_regs()
+    )
+
+
+@pytest.mark.parametrize("name", PREFILL_SPECS)
+def test_gluon_prefill_one_wg_space_is_every_tile_that_fits_two_programs_an_sm(name):
+    """The one-warpgroup form's (block_n, stages): every offered block and ring depth whose 64-row query tile and
+    stages fit GLUON_PREFILL_ONE_WG_SMEM (half an SM's shared memory less the system's 1 KB a program and some
+    scratch), largest block first; its default the largest block with the most stages."""
+    spec = resolve_spec(name)
+    dims = (spec.qk_nope_head_dim, spec.qk_rope_head_dim, spec.v_head_dim)
+    plan = lower(spec).prefill.gluon
+    offered = [(n, s) for n in GLUON_PREFILL_ONE_WG_BLOCK_NS for s in range(2, GLUON_PREFILL_MAX_STAGES + 1)]
+    assert plan.one_wg_space == tuple(c for c in offered if _fits_two_programs_an_sm(*dims, *c))
+    largest = plan.one_wg_space[0][0]
+    assert plan.one_wg_default == (largest, max(s for n, s in plan.one_wg_space if n == largest))
+    assert plan.one_wg_smem_bytes == _gluon_prefill_smem_bytes(*dims, plan.warpgroup_rows, *plan.one_wg_default)
+    # two programs an SM: 2 x (shared memory + the 1 KB the system reserves a block) <= 228 KB ...
+    assert 2 * (GLUON_PREFILL_ONE_WG_SMEM + 1024) <= 228 * 1024
+    # ... and 256 threads (the consumer warpgroup, the producer warp padded to a warpgroup) x the registers at
+    # launch <= half of 64K, which setmaxnreg splits as the producer's 24 and the consumer's 232
+    assert 256 * GLUON_PREFILL_ONE_WG_MAXNREG <= 65536 // 2
+    assert (
+        128 * (GLUON_PREFILL_ONE_WG_CONSUMER_REGS + GLUON_PREFILL_PRODUCER_REGS) == 256 * GLUON_PREFILL_ONE_WG_MAXNREG
+    )
+
+
+def test_gluon_prefill_one_wg_tiles_of_deepseek_and_mistral_small_4():
+    # DeepSeek-V3 (qk 192 = 128 + 64, v 128): Q 64 x 192 (24 KB) + 2 stages of 64 keys (40 KB each) = 104 KB
+    plan = lower_gluon_prefill(128, 64, 128)
+    assert plan.one_wg_space == ((64, 2), (32, 2), (32, 3), (32, 4)) and plan.one_wg_default == (64, 2)
+    assert plan.one_wg_smem_bytes == 2 * (64 * 192 + 2 * 64 * 320) + 8 * 9 == 106568
+    # Mistral-Small-4 (qk 128 = 64 + 64, v 128): Q 16 KB + 3 stages of 64 keys (32 KB each) = 112 KB
+    plan = lower_gluon_prefill(64, 64, 128)
+    assert plan.one_wg_default == (64, 3) and plan.one_wg_smem_bytes == 2 * (64 * 128 + 3 * 64 * 256) + 8 * 13
+    # where the Gluon prefill does not run, nor does its one-warpgroup form; past half an SM, a reason
+    assert lower_gluon_prefill(48, 64, 128).one_wg_space == () and lower_gluon_prefill(48, 64, 128).one_wg_reason
+    assert not lower_gluon_prefill(256, 256, 256).one_wg_offered
+    reason, space = _lower_gluon_prefill_one_wg(256, 256, 256, 64)
+    need = _gluon_prefill_smem_bytes(256, 256, 256, 64, 32, 2)
+    assert space == () and reason == (
+        f"two programs an SM: the 64-row query tile + 2 key stages need {need} B of shared memory a program"
+        f" > {GLUON_PREFILL_ONE_WG_SMEM}"
+    )
 
 
 def _fits(dn, dr, dv, block_n, stages):
@@ -162,6 +239,31 @@ def test_prefill_backend_option():
     with pytest.raises(ValueError, match="^prefill_backend: expected auto, gluon or triton, got 'cuda'$"):
         Options(prefill_backend="cuda")
     assert Options(prefill_backend="gluon").environ()["MLAGEN_PREFILL_BACKEND"] == "gluon"
+
+
+def test_prefill_gluon_warpgroups_option():
+    assert Options.from_env({}).prefill_gluon_warpgroups == "auto"
+    for value in ("auto", "1", "2"):
+        assert Options.from_env({"MLAGEN_PREFILL_GLUON_WARPGROUPS": value}).prefill_gluon_warpgroups == value
+    with pytest.raises(ValueError, match="^MLAGEN_PREFILL_GLUON_WARPGROUPS: expected auto, 1 or 2, got '4'$"):
+        Options.from_env({"MLAGEN_PREFILL_GLUON_WARPGROUPS": "4"})
+    with pytest.raises(ValueError, match="^prefill_gluon_warpgroups: expected auto, 1 or 2, got 1$"):
+        Options(prefill_gluon_warpgroups=1)
+    assert Options(prefill_gluon_warpgroups="1").environ()["MLAGEN_PREFILL_GLUON_WARPGROUPS"] == "1"
+
+
+def test_the_launch_policy_chooses_the_consumer_warpgroups():
+    # auto: the two-warpgroup kernel everywhere (the one-warpgroup form has not run on a GPU yet)
+    assert PREFILL_GLUON_AUTO_WARPGROUPS == 2
+    assert prefill_gluon_warpgroups("auto", one_wg_reason="") == 2
+    assert prefill_gluon_warpgroups("1", one_wg_reason="") == prefill_gluon_warpgroups(1, one_wg_reason="") == 1
+    assert prefill_gluon_warpgroups("2", one_wg_reason="why") == prefill_gluon_warpgroups(2, one_wg_reason="x") == 2
+    assert prefill_gluon_warpgroups("auto", one_wg_reason="why not") == 2
+    with pytest.raises(ValueError, match="^MLAGEN_PREFILL_GLUON_WARPGROUPS: 1 is not offered here: why not$"):
+        prefill_gluon_warpgroups("1", one_wg_reason="why not")
+    for bad in ("3", 0, 3, True, 1.0, None):
+        with pytest.raises(ValueError, match=rf"^warpgroups: expected auto, 1 or 2, got {re.escape(repr(bad))}$"):
+            prefill_gluon_warpgroups(bad, one_wg_reason="", name="warpgroups")
 
 
 FACTS = dict(eligible=True, ineligible_reason="", gluon_error="", interpreting=False)
@@ -303,6 +405,105 @@ def test_gluon_prefill_goes_through_the_runtimes_launch_with_a_stable_key(module
     assert key(300) == key(302) == key(4098)  # (token counts of one class: not 1, not a multiple of 16, 32-bit)
     assert key(320) == key(4096)
     assert key(300) != key(300, store_lse=False)
+
+
+def _gluon_prefill_call(module, tokens, **kwargs):
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    q = torch.empty(tokens, heads, dn + dr, dtype=module.DTYPE)
+    k_nope = torch.empty(tokens, heads, dn, dtype=module.DTYPE)
+    k_pe = torch.empty(tokens, dr, dtype=module.DTYPE)
+    v = torch.empty(tokens, heads, dv, dtype=module.DTYPE)
+    cu = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32)
+    out = torch.empty(tokens, heads, dv, dtype=module.DTYPE)
+    lse = torch.empty(heads, tokens, dtype=torch.float32)
+    module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, tokens - tokens // 2, out, lse, 0.125, True, **kwargs)
+
+
+def test_the_one_warpgroup_form_launches_with_its_rows_tile_and_registers(module, monkeypatch):
+    """MLAGEN_PREFILL_GLUON_WARPGROUPS=1 (or warpgroups=1): CONSUMERS=1, 64-row blocks in the grid, the form's
+    default tile (not the two-warpgroup kernel's tuned one), maxnreg 128 (two programs an SM), a key of its own;
+    auto and 2: the two-warpgroup kernel as before, Triton's maxnreg."""
+    from mlagen_compiler import runtime
+
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    launches = []
+
+    def capture(kernel, grid, *args, num_warps, num_stages=None, maxnreg=None, **constexprs):
+        launches.append((grid, constexprs, maxnreg, args, kernel, num_warps))
+
+    monkeypatch.setattr(runtime, "_launch", capture)
+    heads, tokens = module.NUM_HEADS, 300
+    rows = tokens - tokens // 2
+
+    def launched(**kwargs):
+        _gluon_prefill_call(module, tokens, **kwargs)
+        grid, constexprs, maxnreg, args, kernel, num_warps = launches.pop()
+        values = runtime._ordered_values(kernel, args, constexprs)
+        assert len(values) == len(kernel.params)
+        key = runtime._launch_key(
+            kernel, values, tuple(runtime._launch_options(num_warps, None, False, maxnreg).items())
+        )
+        return (runtime._grid3(grid)[0], constexprs["CONSUMERS"], (constexprs["BLOCK_N"], constexprs["STAGES"]),
+                maxnreg), key  # fmt: skip
+
+    two = (2 * heads * -(-rows // 128), 2, module.PREFILL_GLUON_DEFAULT, None)
+    one = (2 * heads * -(-rows // 64), 1, module.PREFILL_GLUON_ONE_WG_DEFAULT, module.PREFILL_GLUON_ONE_WG_MAXNREG)
+    for value, expected in (("auto", two), ("2", two), ("1", one)):
+        with use_options(prefill_gluon_warpgroups=value):
+            assert launched()[0] == expected
+    assert launched(warpgroups=1)[0] == one and launched(warpgroups=2)[0] == two
+    with use_options(prefill_gluon_warpgroups="1"):
+        assert launched(warpgroups=2)[0] == two  # (the call's argument over the option)
+    assert launched(warpgroups=1)[1] != launched(warpgroups=2)[1]
+    # a config of the form's own space; the two-warpgroup kernel's largest is not one
+    smaller = module.PREFILL_GLUON_ONE_WG_SPACE[-1]
+    assert launched(warpgroups=1, config=smaller)[0][2] == smaller
+    allowed = re.escape(str(list(module.PREFILL_GLUON_ONE_WG_SPACE)))
+    form = "the Gluon prefill's one-warpgroup form"
+    with pytest.raises(ValueError, match=rf"^config: {form} takes \(block_n, stages\) in {allowed}, got \(128, 2\)$"):
+        launched(warpgroups=1, config=(128, 2))
+    assert launched(warpgroups="1")[0] == one and launched(warpgroups="auto")[0] == two  # (the option's values)
+    for bad in (3, "one", 0, True):
+        with pytest.raises(ValueError, match=rf"^warpgroups: expected auto, 1 or 2, got {re.escape(repr(bad))}$"):
+            launched(warpgroups=bad)
+    # where the plan does not offer the form, asking for it is an error naming why
+    monkeypatch.setattr(module, "PREFILL_GLUON_ONE_WG_REASON", "two programs an SM: too big")
+    with pytest.raises(ValueError, match="^warpgroups: 1 is not offered here: two programs an SM: too big$"):
+        launched(warpgroups=1)
+    with (
+        use_options(prefill_gluon_warpgroups="1"),
+        pytest.raises(
+            ValueError, match="^MLAGEN_PREFILL_GLUON_WARPGROUPS: 1 is not offered here: two programs an SM: too big$"
+        ),
+    ):
+        launched()
+    assert not launches
+
+
+OFFLINE_COMPILE = Path(__file__).resolve().parents[1] / "benchmarks" / "gluon_offline_compile.py"
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "prefix"])
+def test_the_one_warpgroup_form_compiles_for_sm90_to_two_programs_an_sm(tmp_path, causal):
+    """The one-warpgroup form of DeepSeek-V3's prefill compiled for sm_90a without a GPU (gluon_offline_compile,
+    in a process of its own: it swaps Triton's driver): no spill, 256 threads at 128 registers, setmaxnreg 232 for
+    the consumer and 24 for the producer, shared memory for two programs an SM."""
+    spec = resolve_spec("deepseek-v3-tp1")
+    module_path = tmp_path / "offline_prefill.py"
+    module_path.write_text(module_source(spec))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(OFFLINE_COMPILE.parents[1]), *sys.path])}
+    env.pop("TRITON_INTERPRET", None)
+    args = [sys.executable, str(OFFLINE_COMPILE), str(module_path), "--prefill", "--warpgroups", "1"]
+    run = subprocess.run(args + ([] if causal else ["--non-causal"]), capture_output=True, text=True, env=env)
+    if run.returncode != 0 and "unusable" in run.stderr + run.stdout:
+        pytest.skip(f"no Gluon here: {run.stderr[-300:]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    report = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    assert "LOCAL:0 " in report["resources"] and "STACK:0 " in report["resources"]
+    assert (report["threads"], report["regs_at_launch"], report["programs_per_sm"]) == (256, 128, 2)
+    assert {int(k.split()[1]) for k in report["setmaxnreg"]} == {GLUON_PREFILL_ONE_WG_CONSUMER_REGS, 24}
+    assert report["shared"] <= GLUON_PREFILL_ONE_WG_SMEM + 512
 
 
 def test_a_geometry_the_gluon_prefill_rejects_renders_no_gluon_prefill():

@@ -7,11 +7,14 @@ strategies of mlagen_compiler.testing (which the pytest plugin runs on users' mo
 the modules' geometries.
 """
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from mlagen_compiler.options import use_options
 from mlagen_compiler.plan import lower_gluon_prefill
 from mlagen_compiler.reference import (
     MLAWeights,
@@ -41,8 +44,9 @@ GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like,
     (5, 16, 16, 16, 64),
 ]
 DTYPES = ["bfloat16", "float16"]
-#: the prefill backends: the portable kernel everywhere, the Gluon kernel on Hopper (skipped elsewhere with why)
-BACKENDS = ["triton", "gluon"]
+#: the prefill backends: the portable kernel everywhere, the Gluon kernel on Hopper (skipped elsewhere with why),
+#: "gluon-1wg": the Gluon kernel's one-warpgroup form (MLAGEN_PREFILL_GLUON_WARPGROUPS=1; 64 rows a program)
+BACKENDS = ["triton", "gluon", "gluon-1wg"]
 #: the geometries the Gluon prefill takes (the others always run the portable kernel)
 GLUON_GEOMETRIES = [g for g in GEOMETRIES if lower_gluon_prefill(g[1], g[2], g[3]).eligible]
 
@@ -63,9 +67,16 @@ def module_for(build_module, geometry, dtype, page_size=16, cache_dtype=None):
     )
 
 
+def backend_options(backend):
+    """(the mla_prefill backend a BACKENDS entry names, the options it runs under)."""
+    if backend == "gluon-1wg":
+        return "gluon", use_options(prefill_gluon_warpgroups="1")
+    return backend, contextlib.nullcontext()
+
+
 def require_backend(build_module, device, backend):
     """Skip a Gluon case where the Gluon prefill cannot run (interpreter, not a 9.x GPU, Triton release), with why."""
-    if backend != "gluon":
+    if not backend.startswith("gluon"):
         return
     module = module_for(build_module, GLUON_GEOMETRIES[0], "bfloat16")
     try:
@@ -78,6 +89,7 @@ def require_backend(build_module, device, backend):
 @given(data=st.data())
 def test_prefill_matches_reference(build_module, device, backend, data):
     require_backend(build_module, device, backend)
+    backend, chosen = backend_options(backend)
     geometries = GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES
     geometry = data.draw(st.sampled_from(geometries), label="geometry")
     module = module_for(build_module, geometry, data.draw(st.sampled_from(DTYPES), label="dtype"))
@@ -85,7 +97,8 @@ def test_prefill_matches_reference(build_module, device, backend, data):
     longer = {"max_length": 300} if backend == "gluon" else {}
     problem = data.draw(prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
-    assert_prefill_matches_reference(module, problem, device=device, backend=backend)
+    with chosen:
+        assert_prefill_matches_reference(module, problem, device=device, backend=backend)
 
 
 @given(data=st.data())
@@ -102,6 +115,7 @@ def test_merge_attn_states_equals_attention_over_the_union(build_module, device,
 @given(data=st.data())
 def test_chunked_prefill_equals_full_attention(build_module, device, backend, data):
     require_backend(build_module, device, backend)
+    backend, chosen = backend_options(backend)
     geometry = data.draw(st.sampled_from(GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES), label="geometry")
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     page_size = data.draw(st.sampled_from([1, 4, 16]), label="page_size")
@@ -111,7 +125,8 @@ def test_chunked_prefill_equals_full_attention(build_module, device, backend, da
     longer = {"max_length": 300, "max_prefix": 400} if backend == "gluon" else {}
     problem = data.draw(chunked_prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
-    assert_chunked_prefill_matches_reference(module, problem, device=device, backend=backend)
+    with chosen:
+        assert_chunked_prefill_matches_reference(module, problem, device=device, backend=backend)
 
 
 @given(data=st.data())
