@@ -7,7 +7,7 @@ answers "the current device is a compute capability 9.0 GPU", the kernel is comp
 errors and register spills without device time.
 
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
-    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py --prefill [--non-causal]
+    python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py --prefill [--non-causal] [--pingpong]
 
 An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles the producer its launch would choose for --sq (the
 landing producer where Sq * H <= 32, else the converting one); --producer picks one.
@@ -246,10 +246,12 @@ def compile_prefill_offline(
     stages: int | None = None,
     consumer_regs: int | None = None,
     producer_regs: int | None = None,
+    pingpong: bool = False,
 ) -> dict:
     """Compile the module's _mla_prefill_gluon_kernel (causal, or the non-causal prefix attention of chunked
     prefill, whose outputs are float32 partials: float32_out); returns ptxas' numbers. block_n / stages / the
-    registers: the plan's unless given."""
+    registers: the plan's unless given. pingpong: the consumer warpgroups' MMAs in turns (PINGPONG; a module
+    generated before it has none)."""
     module = _load_offline(module_path)
     assert not module._PREFILL_GLUON_IMPORT_ERROR, module._PREFILL_GLUON_IMPORT_ERROR
     tokens, heads = 1024, module.NUM_HEADS
@@ -262,6 +264,11 @@ def compile_prefill_offline(
     descriptors = module._gluon_prefill_descriptors(q, k_nope, k_pe, v, block_n)
     out = torch.empty(tokens, heads, dv, dtype=torch.float32 if float32_out else module.DTYPE)
     cu = torch.empty(5, dtype=torch.int32)
+    turns = {}
+    if "PINGPONG" in module._mla_prefill_gluon_kernel.arg_names:
+        turns["PINGPONG"] = pingpong
+    elif pingpong:
+        raise ValueError(f"--pingpong: {module_path} was generated before the prefill's PINGPONG")
     kernel = module._mla_prefill_gluon_kernel.warmup(
         *descriptors,
         out,
@@ -286,6 +293,7 @@ def compile_prefill_offline(
         CONSUMER_REGS=consumer_regs or module.PREFILL_GLUON_CONSUMER_REGS,
         PRODUCER_REGS=producer_regs or module.PREFILL_GLUON_PRODUCER_REGS,
         LN2=0.6931471805599453,
+        **turns,
         num_warps=4,
         grid=(1,),
     )
@@ -336,6 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--block-n", type=int, help="(--prefill) key positions a block (default: the plan's)")
     parser.add_argument("--stages", type=int, help="(--prefill) ring stages (default: the plan's)")
+    parser.add_argument("--pingpong", action="store_true", help="(--prefill) the warpgroups' MMAs in turns")
     args = parser.parse_args(argv)
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
@@ -347,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
             block_n=args.block_n,
             stages=args.stages,
             consumer_regs=args.regs,
+            pingpong=args.pingpong,
         )
     else:
         result = compile_offline(
