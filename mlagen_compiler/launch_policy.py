@@ -149,6 +149,24 @@ def select_prefill_backend(
     return _select_backend("prefill", requested, PREFILL_BACKENDS, name, forced_triton, auto_keeps, facts)
 
 
+#: whether the Gluon prefill's two consumer warpgroups take turns issuing their MMAs (PINGPONG) under "auto": not
+#: yet (built offline, never measured: docs/performance-log.md, "The Gluon prefill's warpgroups in turns")
+PREFILL_GLUON_AUTO_PINGPONG = False
+
+
+def prefill_gluon_pingpong(requested, *, name="MLAGEN_PREFILL_GLUON_PINGPONG"):
+    """Whether the Gluon prefill's consumer warpgroups issue their MMAs in turns (the kernel's PINGPONG).
+    requested: "auto", "0" or "1" (MLAGEN_PREFILL_GLUON_PINGPONG, the option prefill_gluon_pingpong), or a bool (a
+    call's pingpong=); named by `name` in an error. "auto" takes PREFILL_GLUON_AUTO_PINGPONG."""
+    if requested is True or requested is False:
+        return requested
+    if requested == "auto":
+        return PREFILL_GLUON_AUTO_PINGPONG
+    if requested in ("0", "1"):
+        return requested == "1"
+    raise _policy_error(name, f"expected auto, 0 or 1, got {requested!r}")
+
+
 #: share of the L2 cache that one section of the Gluon prefill's tile order may fill with keys and values
 PREFILL_SECTION_L2_SHARE = 0.5
 

@@ -84,6 +84,12 @@ class Options:
         "auto",
         "prefill backend (auto: the Gluon kernel on Hopper where the plan takes the geometry, else the portable one)",
     )
+    prefill_gluon_pingpong: str = _option(
+        "MLAGEN_PREFILL_GLUON_PINGPONG",
+        ("auto", "0", "1"),
+        "auto",
+        "Gluon prefill: the two consumer warpgroups issue their MMAs in turns (1; auto: 0 until measured)",
+    )
     prefill_tma: bool = _option("MLAGEN_PREFILL_TMA", ("0", "1"), "1", "prefill key/value tiles through TMA")
     direct_launch: bool = _option(
         "MLAGEN_DIRECT_LAUNCH", ("0", "1"), "1", "launch compiled kernels without Triton's dispatch"

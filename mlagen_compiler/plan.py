@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .cache_format import CACHE_FORMATS, CacheFormat, cache_format
-from .launch_policy import MAX_NUM_PARTS
+from .launch_policy import MAX_NUM_PARTS, PREFILL_GLUON_AUTO_PINGPONG
 from .spec import DecodeTiles, MLASpec, PrefillTiles
 
 __all__ = [
@@ -589,6 +589,13 @@ class KernelPlan:
                 if gluon.eligible
                 else f"triton (not gluon: {gluon.reason})"
             )
+            if gluon.eligible:
+                # (the knob's reading: launch_policy.prefill_gluon_pingpong)
+                auto = "1" if PREFILL_GLUON_AUTO_PINGPONG else "0, unmeasured"
+                pre["gluon_pingpong"] = (
+                    f"MLAGEN_PREFILL_GLUON_PINGPONG=1 (auto: {auto}): the two consumer warpgroups issue their MMAs in"
+                    " turns where both have the same key blocks (+2 mbarriers)"
+                )
             out["prefill"] = pre
         return out
 

@@ -57,6 +57,7 @@ from .launch_policy import (
     gluon_narrow_rows,
     gluon_small_batch_schedule,
     next_pow2,
+    prefill_gluon_pingpong,
     select_decode_backend,
     select_prefill_backend,
     tuned_config,
@@ -2176,6 +2177,22 @@ def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse)
 # module's: it imports and makes them where its Triton release has Gluon) ----------------------------------------
 
 
+def prefill_gluon_turns(m, requested=None):
+    """The kernel's PINGPONG as launch keywords: {"PINGPONG": True} where the module's two consumer warpgroups are to
+    issue their MMAs in turns, else {"PINGPONG": False} (a direct launch names every constexpr). requested: a
+    call's pingpong= (a bool, or "auto", "0", "1"), default the option prefill_gluon_pingpong
+    ($MLAGEN_PREFILL_GLUON_PINGPONG: auto takes launch_policy.PREFILL_GLUON_AUTO_PINGPONG). A module generated
+    before PINGPONG: {} (asking it for turns is an error)."""
+    name = "pingpong" if requested is not None else "MLAGEN_PREFILL_GLUON_PINGPONG"
+    if requested is None:
+        requested = _options().prefill_gluon_pingpong
+    chosen = prefill_gluon_pingpong(requested, name=name)
+    if "PINGPONG" in m._mla_prefill_gluon_kernel.arg_names:
+        return {"PINGPONG": chosen}
+    _check(not chosen, name, "the module was generated before the Gluon prefill's PINGPONG: regenerate it")
+    return {}
+
+
 def gluon_prefill_descriptors(m, q, k_nope, k_pe, v, block_n):
     """TMA descriptors of q [T, H * (Dn + Dr)] (boxes of one warpgroup's rows: its nope and its rope columns),
     k_nope [T, H * Dn], k_pe [T, Dr] and v [T, H * Dv] (boxes of one key block); the tensors' layouts are
@@ -2200,14 +2217,32 @@ def gluon_prefill_tma_ok(tensor, head_dim):
 
 
 def launch_prefill_gluon(
-    m, q, k_nope, k_pe, v, cu_q, cu_k, max_seqlen_q, out, lse, scale, causal, sections=None, config=None, launch=None
+    m,
+    q,
+    k_nope,
+    k_pe,
+    v,
+    cu_q,
+    cu_k,
+    max_seqlen_q,
+    out,
+    lse,
+    scale,
+    causal,
+    sections=None,
+    config=None,
+    launch=None,
+    pingpong=None,
 ):
     """One launch of the module's _mla_prefill_gluon_kernel (arguments already checked; lse may be None). A tensor
     TMA cannot address is copied into a dense one first; no key at all (an empty prefix batch) takes the portable
     kernel, which only writes zeros and -inf then. sections: of the tile order (default: prefill_sections's; 1:
     row blocks outermost). config: (block_n, stages) of PREFILL_GLUON_SPACE (default: the device's tuned one for
     the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT). launch: what issues it
-    (default _launch; a checked mla_prefill's _Recorded)."""
+    (default _launch; a checked mla_prefill's _Recorded). pingpong: whether the two consumer warpgroups issue
+    their MMAs in turns (the kernel's PINGPONG), a bool or the option's "auto", "0", "1"; default: the option
+    prefill_gluon_pingpong (prefill_gluon_turns)."""
+    turns = prefill_gluon_turns(m, pingpong)
     if config is None:
         config = m.tuned_config(
             m.PREFILL_TUNED, m._gpu_key(q.device), m.prefill_gluon_bucket(causal), m.PREFILL_GLUON_DEFAULT
@@ -2263,7 +2298,7 @@ def launch_prefill_gluon(
         scale * LOG2E, out.stride(0), out.stride(1), lse_stride, pairs, m_blocks, sections,
         H=heads, DN=dn, DR=dr, DV=dv, BLOCK_N=block_n, STAGES=stages,
         CAUSAL=causal, STORE_LSE=lse is not None, CONSUMER_REGS=m.PREFILL_GLUON_CONSUMER_REGS,
-        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, num_warps=4,
+        PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, **turns, num_warps=4,
         per_call=None if given_sections else (per_call, _PREFILL_GLUON_SIZED, (cu_q, k_nope, lse), max_seqlen_q))
     # fmt: on
 
