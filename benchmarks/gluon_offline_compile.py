@@ -19,6 +19,7 @@ import argparse
 import importlib.util
 import inspect
 import os
+import re
 import sys
 
 import torch
@@ -297,7 +298,15 @@ def compile_prefill_offline(
         num_warps=4,
         grid=(1,),
     )
-    return {"shared": kernel.metadata.shared, "resources": _resource_usage(kernel.asm["cubin"]), "kernel": kernel}
+    ptx = kernel.asm["ptx"]
+    return {
+        "shared": kernel.metadata.shared,
+        "resources": _resource_usage(kernel.asm["cubin"]),
+        # (the partitions' register splits, and the mbarriers: 1 + 4 a stage, + 2 turns with pingpong)
+        "setmaxnreg": sorted(set(re.findall(r"setmaxnreg\.(inc|dec)\.sync\.aligned\.u32\s+(\d+)", ptx))),
+        "mbarrier_inits": ptx.count("mbarrier.init."),
+        "kernel": kernel,
+    }
 
 
 def _resource_usage(cubin: bytes) -> str:

@@ -8,6 +8,10 @@ test_prefill.py run both backends.
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,8 +25,10 @@ from mlagen_compiler.options import Options, use_options
 from mlagen_compiler.plan import (
     GLUON_MAX_SMEM,
     GLUON_PREFILL_BLOCK_NS,
+    GLUON_PREFILL_CONSUMER_REGS,
     GLUON_PREFILL_LIVE_REGS,
     GLUON_PREFILL_MAX_STAGES,
+    GLUON_PREFILL_PRODUCER_REGS,
     _gluon_prefill_live_regs,
     _gluon_prefill_smem_bytes,
     lower,
@@ -303,6 +309,46 @@ def test_gluon_prefill_goes_through_the_runtimes_launch_with_a_stable_key(module
     assert key(300) == key(302) == key(4098)  # (token counts of one class: not 1, not a multiple of 16, 32-bit)
     assert key(320) == key(4096)
     assert key(300) != key(300, store_lse=False)
+
+
+OFFLINE_COMPILE = Path(__file__).resolve().parents[1] / "benchmarks" / "gluon_offline_compile.py"
+
+
+def _compile_offline(spec_name, tmp_path, *flags):
+    """gluon_offline_compile.py --prefill on the spec's module (in a process of its own: it swaps Triton's driver):
+    its report, or a skip where this Triton has no Gluon."""
+    module_path = tmp_path / "offline_prefill.py"
+    module_path.write_text(module_source(resolve_spec(spec_name)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(OFFLINE_COMPILE.parents[1]), *sys.path])}
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run([sys.executable, str(OFFLINE_COMPILE), str(module_path), "--prefill", *flags],
+                         capture_output=True, text=True, env=env)  # fmt: skip
+    if run.returncode != 0 and "unusable" in run.stderr + run.stdout:
+        pytest.skip(f"no Gluon here: {run.stderr[-300:]}")
+    assert run.returncode == 0, run.stderr[-2000:]
+    return ast.literal_eval(run.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(
+    ("name", "flags"),
+    [(name, ()) for name in PREFILL_SPECS]
+    + [
+        ("deepseek-v3-tp1", ("--non-causal",)),
+        ("deepseek-v3-tp1", ("--non-causal", "--block-n", "64", "--stages", "4")),
+    ],
+)
+def test_the_warpgroups_in_turns_compile_for_sm90(tmp_path, name, flags):
+    """PINGPONG=1 (MLAGEN_PREFILL_GLUON_PINGPONG=1) of every bundled spec's Gluon prefill compiled for sm_90a
+    without a GPU: no spill, the consumers' and the producer's setmaxnreg as without turns, and the two turn
+    mbarriers beside the query's and a stage's four (shared memory within sm_90's)."""
+    report = _compile_offline(name, tmp_path, "--pingpong", *flags)
+    assert "LOCAL:0 " in report["resources"] and "STACK:0 " in report["resources"]
+    setmaxnreg = {int(regs) for _, regs in report["setmaxnreg"]}
+    assert {GLUON_PREFILL_CONSUMER_REGS, GLUON_PREFILL_PRODUCER_REGS} <= setmaxnreg
+    plan = lower(resolve_spec(name)).prefill.gluon
+    stages = int(flags[flags.index("--stages") + 1]) if "--stages" in flags else plan.num_stages
+    assert report["mbarrier_inits"] == 1 + 4 * stages + 2
+    assert report["shared"] <= GLUON_MAX_SMEM
 
 
 def test_a_geometry_the_gluon_prefill_rejects_renders_no_gluon_prefill():

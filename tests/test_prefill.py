@@ -7,11 +7,14 @@ strategies of mlagen_compiler.testing (which the pytest plugin runs on users' mo
 the modules' geometries.
 """
 
+import contextlib
+
 import pytest
 import torch
 from hypothesis import given, note
 from hypothesis import strategies as st
 
+from mlagen_compiler.options import use_options
 from mlagen_compiler.plan import lower_gluon_prefill
 from mlagen_compiler.reference import (
     MLAWeights,
@@ -41,8 +44,9 @@ GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like,
     (5, 16, 16, 16, 64),
 ]
 DTYPES = ["bfloat16", "float16"]
-#: the prefill backends: the portable kernel everywhere, the Gluon kernel on Hopper (skipped elsewhere with why)
-BACKENDS = ["triton", "gluon"]
+#: the prefill backends: the portable kernel everywhere, the Gluon kernel on Hopper (skipped elsewhere with why),
+#: "gluon-pingpong": the Gluon kernel with its warpgroups' MMAs in turns (MLAGEN_PREFILL_GLUON_PINGPONG=1)
+BACKENDS = ["triton", "gluon", "gluon-pingpong"]
 #: the geometries the Gluon prefill takes (the others always run the portable kernel)
 GLUON_GEOMETRIES = [g for g in GEOMETRIES if lower_gluon_prefill(g[1], g[2], g[3]).eligible]
 
@@ -63,9 +67,16 @@ def module_for(build_module, geometry, dtype, page_size=16, cache_dtype=None):
     )
 
 
+def backend_options(backend):
+    """(the mla_prefill backend a BACKENDS entry names, the options it runs under)."""
+    if backend == "gluon-pingpong":
+        return "gluon", use_options(prefill_gluon_pingpong="1")
+    return backend, contextlib.nullcontext()
+
+
 def require_backend(build_module, device, backend):
     """Skip a Gluon case where the Gluon prefill cannot run (interpreter, not a 9.x GPU, Triton release), with why."""
-    if backend != "gluon":
+    if not backend.startswith("gluon"):
         return
     module = module_for(build_module, GLUON_GEOMETRIES[0], "bfloat16")
     try:
@@ -78,6 +89,7 @@ def require_backend(build_module, device, backend):
 @given(data=st.data())
 def test_prefill_matches_reference(build_module, device, backend, data):
     require_backend(build_module, device, backend)
+    backend, chosen = backend_options(backend)
     geometries = GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES
     geometry = data.draw(st.sampled_from(geometries), label="geometry")
     module = module_for(build_module, geometry, data.draw(st.sampled_from(DTYPES), label="dtype"))
@@ -85,7 +97,47 @@ def test_prefill_matches_reference(build_module, device, backend, data):
     longer = {"max_length": 300} if backend == "gluon" else {}
     problem = data.draw(prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
-    assert_prefill_matches_reference(module, problem, device=device, backend=backend)
+    with chosen:
+        assert_prefill_matches_reference(module, problem, device=device, backend=backend)
+
+
+@given(data=st.data())
+def test_gluon_prefill_in_turns_equals_it_running_free(build_module, device, data):
+    """The Gluon prefill with its warpgroups' MMAs in turns (pingpong=True) writes bit for bit what it writes
+    without (the turns only order MMA issues), on every (block_n, stages) of its space: 64-key blocks too, where
+    a causal program's warpgroups have different block counts and run free, and a non-causal one's take turns over
+    ragged prefixes. The free-running kernel is checked against the reference by the tests above."""
+    require_backend(build_module, device, "gluon")
+    heads, dn, dr, dv, dc = data.draw(st.sampled_from(GLUON_GEOMETRIES), label="geometry")
+    module = module_for(build_module, (heads, dn, dr, dv, dc), data.draw(st.sampled_from(DTYPES), label="dtype"))
+    config = data.draw(st.sampled_from(module.PREFILL_GLUON_SPACE), label="config")
+    causal = data.draw(st.booleans(), label="causal")
+    lengths = data.draw(st.lists(st.integers(1, 300), min_size=1, max_size=3), label="lengths")
+    keys = lengths if causal else data.draw(st.lists(st.integers(0, 400), min_size=len(lengths),
+                                                     max_size=len(lengths)), label="key_lengths")  # fmt: skip
+    g = torch.Generator().manual_seed(data.draw(st.integers(0, 2**31 - 1), label="seed"))
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g).to(module.DTYPE).to(device)
+
+    tokens, key_tokens = sum(lengths), sum(keys)
+    q = randn(tokens, heads, dn + dr)
+    k_nope, k_pe, v = randn(key_tokens, heads, dn), randn(key_tokens, dr), randn(key_tokens, heads, dv)
+    cu_q = torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    cu_k = torch.tensor([0, *keys], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+    results = []
+    for pingpong in (False, True):
+        out = torch.full((tokens, heads, dv), float("nan"), dtype=module.DTYPE, device=device)
+        lse = torch.full((heads, tokens), float("nan"), device=device)
+        module._launch_prefill_gluon(q, k_nope, k_pe, v, cu_q, cu_k, max(lengths), out, lse, module.SOFTMAX_SCALE,
+                                     causal, config=config, pingpong=pingpong)  # fmt: skip
+        results.append((out, lse))
+    (free, free_lse), (turns, turns_lse) = results
+    note(f"lengths={lengths} keys={keys} causal={causal} config={config}")
+    assert not free.isnan().any() and torch.equal(free, turns)
+    assert torch.equal(free_lse.isnan(), turns_lse.isnan()) and torch.equal(
+        free_lse.nan_to_num(), turns_lse.nan_to_num()
+    )
 
 
 @given(data=st.data())
@@ -102,6 +154,7 @@ def test_merge_attn_states_equals_attention_over_the_union(build_module, device,
 @given(data=st.data())
 def test_chunked_prefill_equals_full_attention(build_module, device, backend, data):
     require_backend(build_module, device, backend)
+    backend, chosen = backend_options(backend)
     geometry = data.draw(st.sampled_from(GLUON_GEOMETRIES if backend == "gluon" else GEOMETRIES), label="geometry")
     dtype = data.draw(st.sampled_from(DTYPES), label="dtype")
     page_size = data.draw(st.sampled_from([1, 4, 16]), label="page_size")
@@ -111,7 +164,8 @@ def test_chunked_prefill_equals_full_attention(build_module, device, backend, da
     longer = {"max_length": 300, "max_prefix": 400} if backend == "gluon" else {}
     problem = data.draw(chunked_prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
-    assert_chunked_prefill_matches_reference(module, problem, device=device, backend=backend)
+    with chosen:
+        assert_chunked_prefill_matches_reference(module, problem, device=device, backend=backend)
 
 
 @given(data=st.data())
