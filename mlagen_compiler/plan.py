@@ -821,9 +821,10 @@ class GluonPrefillPlan:
 
 
 def _gluon_prefill_smem_bytes(dn: int, dr: int, dv: int, block_m: int, block_n: int, stages: int) -> int:
-    """Query tile, `stages` key blocks (k_nope, k_pe, v; 2-byte data) and the mbarriers: the query's, and a
-    ready / free pair for K and for V a stage."""
-    return 2 * (block_m * (dn + dr) + stages * block_n * (dn + dr + dv)) + 8 * (1 + 4 * stages)
+    """Query tile, `stages` key blocks (k_nope, k_pe, v; 2-byte data) and the mbarriers: the query's, a ready /
+    free pair for K and for V a stage, and the two warpgroups' turns (PINGPONG; counted with or without them, so a
+    tile of the space fits either way)."""
+    return 2 * (block_m * (dn + dr) + stages * block_n * (dn + dr + dv)) + 8 * (1 + 4 * stages + 2)
 
 
 def _gluon_prefill_live_regs(dv: int, rows: int, block_n: int) -> int:
