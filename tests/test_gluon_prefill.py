@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,12 @@ from helpers import import_source
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlagen_compiler.launch_policy import PREFILL_AUTO_GLUON, select_prefill_backend
+from mlagen_compiler.launch_policy import (
+    PREFILL_AUTO_GLUON,
+    PREFILL_GLUON_AUTO_PINGPONG,
+    prefill_gluon_pingpong,
+    select_prefill_backend,
+)
 from mlagen_compiler.module_file import module_source
 from mlagen_compiler.options import Options, use_options
 from mlagen_compiler.plan import (
@@ -309,6 +315,69 @@ def test_gluon_prefill_goes_through_the_runtimes_launch_with_a_stable_key(module
     assert key(300) == key(302) == key(4098)  # (token counts of one class: not 1, not a multiple of 16, 32-bit)
     assert key(320) == key(4096)
     assert key(300) != key(300, store_lse=False)
+
+
+def test_prefill_gluon_pingpong_option():
+    assert Options.from_env({}).prefill_gluon_pingpong == "auto"
+    for value in ("auto", "0", "1"):
+        assert Options.from_env({"MLAGEN_PREFILL_GLUON_PINGPONG": value}).prefill_gluon_pingpong == value
+    with pytest.raises(ValueError, match="^MLAGEN_PREFILL_GLUON_PINGPONG: expected auto, 0 or 1, got 'on'$"):
+        Options.from_env({"MLAGEN_PREFILL_GLUON_PINGPONG": "on"})
+    with pytest.raises(ValueError, match="^prefill_gluon_pingpong: expected auto, 0 or 1, got True$"):
+        Options(prefill_gluon_pingpong=True)
+    assert Options(prefill_gluon_pingpong="1").environ()["MLAGEN_PREFILL_GLUON_PINGPONG"] == "1"
+
+
+def test_the_launch_policy_decides_the_turns():
+    # auto: no turns until they are measured
+    assert PREFILL_GLUON_AUTO_PINGPONG is False and prefill_gluon_pingpong("auto") is False
+    assert prefill_gluon_pingpong("1") is prefill_gluon_pingpong(True) is True
+    assert prefill_gluon_pingpong("0") is prefill_gluon_pingpong(False) is False
+    for bad in ("2", "yes", 1, 0, None):
+        with pytest.raises(ValueError, match=rf"^pingpong: expected auto, 0 or 1, got {re.escape(repr(bad))}$"):
+            prefill_gluon_pingpong(bad, name="pingpong")
+    with pytest.raises(ValueError, match="^MLAGEN_PREFILL_GLUON_PINGPONG: expected auto, 0 or 1, got 'x'$"):
+        prefill_gluon_pingpong("x")
+
+
+def test_the_turns_reach_the_kernel_as_its_pingpong(module, monkeypatch):
+    """MLAGEN_PREFILL_GLUON_PINGPONG=1 (or pingpong=True) launches the kernel with PINGPONG=True, a launch key of
+    its own; auto, 0 and pingpong=False with PINGPONG=False; the call's argument over the option."""
+    from mlagen_compiler import runtime
+
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    launches = []
+
+    def capture(kernel, grid, *args, num_warps, num_stages=None, **constexprs):
+        launches.append((kernel, args, constexprs, num_warps))
+
+    monkeypatch.setattr(runtime, "_launch", capture)
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    tokens = 300
+    q = torch.empty(tokens, heads, dn + dr, dtype=module.DTYPE)
+    k_nope, k_pe = torch.empty(tokens, heads, dn, dtype=module.DTYPE), torch.empty(tokens, dr, dtype=module.DTYPE)
+    v, out = torch.empty(tokens, heads, dv, dtype=module.DTYPE), torch.empty(tokens, heads, dv, dtype=module.DTYPE)
+    cu = torch.tensor([0, tokens // 2, tokens], dtype=torch.int32)
+
+    def launched(**kwargs):
+        module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, tokens - tokens // 2, out, None, 0.125, True, **kwargs)
+        kernel, args, constexprs, num_warps = launches.pop()
+        values = runtime._ordered_values(kernel, args, constexprs)
+        assert len(values) == len(kernel.params)
+        key = runtime._launch_key(kernel, values, tuple(runtime._launch_options(num_warps, None).items()))
+        return constexprs["PINGPONG"], key
+
+    for value, expected in (("auto", False), ("0", False), ("1", True)):
+        with use_options(prefill_gluon_pingpong=value):
+            assert launched()[0] is expected
+    assert launched(pingpong=True)[0] is True and launched(pingpong="1")[0] is True
+    with use_options(prefill_gluon_pingpong="1"):
+        assert launched(pingpong=False)[0] is False
+    assert launched(pingpong=True)[1] != launched(pingpong=False)[1]
+    with pytest.raises(ValueError, match="^pingpong: expected auto, 0 or 1, got 'on'$"):
+        launched(pingpong="on")
+    assert not launches
 
 
 OFFLINE_COMPILE = Path(__file__).resolve().parents[1] / "benchmarks" / "gluon_offline_compile.py"
