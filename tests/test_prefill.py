@@ -104,12 +104,13 @@ def test_prefill_matches_reference(build_module, device, backend, data):
 @given(data=st.data())
 def test_gluon_prefill_in_turns_equals_it_running_free(build_module, device, data):
     """The Gluon prefill with its warpgroups' MMAs in turns (pingpong=True) writes bit for bit what it writes
-    without (the turns only order MMA issues), on every (block_n, stages) of its space: 64-key blocks too, where
-    a causal program's warpgroups have different block counts and run free, and a non-causal one's take turns over
-    ragged prefixes. The free-running kernel is checked against the reference by the tests above."""
+    without (the turns only order MMA issues), on every (block_n, stages) of DeepSeek's space: 64-key blocks too,
+    where a causal program's warpgroups have different block counts and run free, and a non-causal one's take
+    turns over ragged prefixes. The free-running kernel is checked against the reference by the tests above. (One
+    geometry and dtype: each tile, launch kind and PINGPONG is a compile of its own.)"""
     require_backend(build_module, device, "gluon")
-    heads, dn, dr, dv, dc = data.draw(st.sampled_from(GLUON_GEOMETRIES), label="geometry")
-    module = module_for(build_module, (heads, dn, dr, dv, dc), data.draw(st.sampled_from(DTYPES), label="dtype"))
+    heads, dn, dr, dv, dc = GLUON_GEOMETRIES[0]
+    module = module_for(build_module, (heads, dn, dr, dv, dc), "bfloat16")
     config = data.draw(st.sampled_from(module.PREFILL_GLUON_SPACE), label="config")
     causal = data.draw(st.booleans(), label="causal")
     lengths = data.draw(st.lists(st.integers(1, 300), min_size=1, max_size=3), label="lengths")
