@@ -57,6 +57,8 @@ def test_bundled_specs_render_gluon_prefill_source(name):
     assert f"PREFILL_GLUON_BLOCK_N = {plan.block_n}" in source and f"PREFILL_GLUON_STAGES = {plan.num_stages}" in source
     # the tuning space and its default (today's tile) beside them
     assert f"PREFILL_GLUON_SPACE = {plan.space}" in source and f"PREFILL_GLUON_DEFAULT = {plan.default}" in source
+    # the warpgroups' turns: a constexpr of the one kernel (off unless launched with it), the turn helpers
+    assert "PINGPONG: gl.constexpr = False," in source and "def _gluon_prefill_take_turn(" in source
     compile(source, f"<{name}>", "exec")
 
 
