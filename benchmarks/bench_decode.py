@@ -71,9 +71,8 @@ PAGE_SIZE = 64
 CACHES = {"bf16": None, "fp8": "float8_e4m3fn", "fp8mma": "float8_e4m3fn", "fp8mma1": "float8_e4m3fn"}
 #: the spec's cache_compute of a cache (exact where not named)
 CACHE_COMPUTE = {"fp8mma": "fp8", "fp8mma1": "fp8"}
-#: module constants a cache's module takes instead of its plan's, before its first launch (fp8mma1: one query term,
-#: and the third V^T stage its shared memory then fits at Dc 512 and 256)
-CACHE_OVERRIDES = {"fp8mma1": {"DECODE_GLUON_FP8_QUERY_TERMS": 1, "DECODE_GLUON_FP8_STAGES": 3}}
+#: module constants a cache's module takes instead of its plan's, before its first launch (fp8mma1: one query term)
+CACHE_OVERRIDES = {"fp8mma1": {"DECODE_GLUON_FP8_QUERY_TERMS": 1}}
 #: the fp8 products' bound against the reference on the dequantised cache (tests/test_fp8_compute.py's): relative
 #: Frobenius error of the whole output, and the largest LSE error (natural log)
 FP8_COMPUTE_REL_NORM = 0.05

@@ -246,13 +246,11 @@ def compile_fp8_offline(
     causal: bool = True,
     empty_inf: bool = False,
     query_terms: int | None = None,
-    stages: int | None = None,
-    narrow: bool = True,
     land_slots: int | None = None,
 ) -> dict:
     """Compile the module's _mla_decode_gluon_fp8_kernel (a spec with cache_compute fp8): the launch's arguments
     (runtime.decode_gluon_fp8) on stand-in tensors; returns ptxas' numbers and the SASS's tensor-core kinds."""
-    from mlagen_compiler.runtime import _PARTIAL_EVICTION, FP8_NARROW_DC_HALF, gluon_fp8_descriptors
+    from mlagen_compiler.runtime import _PARTIAL_EVICTION, gluon_fp8_descriptors
 
     module = _load_offline(module_path)
     assert not module._GLUON_IMPORT_ERROR, module._GLUON_IMPORT_ERROR
@@ -263,10 +261,14 @@ def compile_fp8_offline(
     q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
     kv = torch.empty(64, module.PAGE_SIZE, 1, width, dtype=module.CACHE_DTYPE)
     kv_desc_c, kv_desc_r = gluon_fp8_descriptors(module, kv.view(-1, width))
-    # the narrow form where the launch takes it (rows = Sq * H), unless wide; its converters as the launch's
-    narrow = narrow and module.DECODE_GLUON_DC_HALF == FP8_NARROW_DC_HALF
-    narrow_rows = module.gluon_narrow_rows(seqlen_q * heads, module.DECODE_GLUON_NARROW_ROWS if narrow else 0)
-    warps = module.DECODE_GLUON_NARROW_LAND_WARPS if narrow_rows else module.DECODE_GLUON_LAND_WARPS
+    # the narrow form, the only one the products take (rows = Sq * H); its converters as the launch's
+    narrow_rows = module.gluon_narrow_rows(seqlen_q * heads, module.DECODE_GLUON_NARROW_ROWS)
+    if not narrow_rows:
+        raise ValueError(
+            f"--sq {seqlen_q}: Sq * H = {seqlen_q * heads} > {module.DECODE_GLUON_NARROW_ROWS} query rows, where the"
+            " fp8 products do not run (the narrow form only)"
+        )
+    warps = module.DECODE_GLUON_NARROW_LAND_WARPS
     i32 = torch.empty(16, dtype=torch.int32)
     f32 = torch.empty(16, dtype=torch.float32)
     out = torch.empty(16, dtype=module.DTYPE)
@@ -276,8 +278,7 @@ def compile_fp8_offline(
         batch, 8, 5, 64, 512, 512, 512, 64, 1, 512 * 64, 512,
         SQ=seqlen_q, H=heads, DC=module.KV_LORA_RANK, DR=module.QK_ROPE_HEAD_DIM, DC_HALF=module.DECODE_GLUON_DC_HALF,
         PAGE_SIZE=module.PAGE_SIZE, BLOCK_M=module.DECODE_GLUON_BLOCK_M, BLOCK_N=module.DECODE_GLUON_BLOCK_N,
-        BLOCK_B=16, STAGES=stages or module.DECODE_GLUON_FP8_STAGES,
-        SLOTS=land_slots or module.DECODE_GLUON_FP8_LAND_SLOTS,
+        BLOCK_B=16, SLOTS=land_slots or module.DECODE_GLUON_FP8_LAND_SLOTS,
         CONVERT_WARPS=warps, CONVERT_REGS=module.DECODE_GLUON_FP8_CONVERT_REGS, NARROW=narrow_rows,
         CONSUMER_REGS=consumer_regs or module.DECODE_GLUON_CONSUMER_REGS, ISSUER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
         QUERY_SLICE=4 * warps, Q_TERMS=query_terms or module.DECODE_GLUON_FP8_QUERY_TERMS,
@@ -421,16 +422,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--fp8-compute",
         action="store_true",
-        help="the fp8 products' kernel of a cache_compute fp8 module (--sq, --wide, --regs, --combine-kernel,"
-        " --non-causal, --empty-inf, --query-terms, --stages, --land-slots apply)",
+        help="the fp8 products' kernel of a cache_compute fp8 module (--sq, --regs, --combine-kernel, --non-causal,"
+        " --empty-inf, --query-terms, --land-slots apply)",
     )
     parser.add_argument(
         "--query-terms", type=int, choices=[1, 2], help="(--fp8-compute) e4m3 terms of the query (default: the plan's)"
     )
     parser.add_argument("--block-n", type=int, help="(--prefill) key positions a block (default: the plan's)")
-    parser.add_argument(
-        "--stages", type=int, help="(--prefill) ring stages; (--fp8-compute) V^T stages (default: the plan's)"
-    )
+    parser.add_argument("--stages", type=int, help="(--prefill) ring stages (default: the plan's)")
     args = parser.parse_args(argv)
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
@@ -443,8 +442,6 @@ def main(argv: list[str] | None = None) -> int:
             not args.non_causal,
             args.empty_inf,
             args.query_terms,
-            args.stages,
-            not args.wide,
             args.land_slots,
         )
     elif args.prefill:

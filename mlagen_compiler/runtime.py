@@ -1353,6 +1353,7 @@ class DecodeSchedule:
         "narrow",
         "land_slots",
         "fp8_compute",
+        "fp8_compute_reason",
         "partial_dtype",
         "keep_partials",
         "block_b",
@@ -1392,6 +1393,7 @@ class DecodeSchedule:
         keep_partials=False,
         land_slots=1,
         fp8_compute=False,
+        fp8_compute_reason="",
     ):
         m = self._module
         self.spec_hash = m.SPEC_HASH
@@ -1415,6 +1417,9 @@ class DecodeSchedule:
         #: (Gluon, cache_compute fp8) the launch multiplies e4m3 operands (_mla_decode_gluon_fp8_kernel) where TMA
         #: boxes the cache's blocks (else the exact kernel); see gluon_fp8_compute
         self.fp8_compute = fp8_compute
+        #: (cache_compute fp8) why this schedule takes the exact path ('' where it takes the products, and for a
+        #: module without them)
+        self.fp8_compute_reason = fp8_compute_reason
         #: dtype of the workspace's partial rows: float32, or the output's dtype (see decode_partials_in_dtype)
         self.partial_dtype = partial_dtype
         #: the split kernels store partial rows L2 evict-last and the combine reads them evict-first (see
@@ -1500,7 +1505,7 @@ class DecodeSchedule:
             f"block_m={self.block_m}, "
             f"num_parts={self.num_parts}, min_blocks_per_part={self.min_blocks_per_part}, "
             f"sequence_runs={self.sequence_runs}, narrow={self.narrow}, land_slots={self.land_slots}, "
-            f"fp8_compute={self.fp8_compute}, "
+            f"fp8_compute={self.fp8_compute}, fp8_compute_reason={self.fp8_compute_reason!r}, "
             f"partial_dtype={self.partial_dtype}, "
             f"keep_partials={self.keep_partials}, "
             f"config={self.config}, merge={self.merge!r}, pdl={self.pdl})"
@@ -1561,6 +1566,7 @@ def get_decode_schedule(
     config_given, config_name = config is not None, "config" if tuned is None else "tuned"
     if tuned is not None:
         config = tuned
+    fp8_compute, fp8_compute_reason = False, ""
     if chosen == "gluon":
         block_m, small = m.DECODE_GLUON_BLOCK_M, False
         parts_per_sm = m.DECODE_GLUON_PARTS_PER_SM
@@ -1572,10 +1578,8 @@ def get_decode_schedule(
             f"the Gluon decode takes (block_n, registers, stages) in {list(m.DECODE_GLUON_SPACE)}, got {config!r}",
         )
         config = tuple(config)
-        fp8_compute = gluon_fp8_compute(m, config_given)
         narrow = gluon_narrow_rows(rows, m.DECODE_GLUON_NARROW_ROWS)
-        if fp8_compute and m.DECODE_GLUON_DC_HALF != FP8_NARROW_DC_HALF:
-            narrow = 0  # (the fp8 products' narrow form reads V as 4 landed boxes a half: FP8_NARROW_DC_HALF)
+        fp8_compute, fp8_compute_reason = gluon_fp8_compute(m, config_given, rows, narrow)
         tall_rows = not narrow  # query rows as the MMAs' M (see decode_sequence_runs)
         slots, fewest_blocks = gluon_small_batch_schedule(
             sm_count,
@@ -1598,6 +1602,8 @@ def get_decode_schedule(
         _check(block_m in m.DECODE_SPACE, "block_m", f"must be one of {sorted(m.DECODE_SPACE)}, got {block_m!r}")
         parts_per_sm, cost_table, slots = m.DECODE_PARTS_PER_SM, m.DECODE_MIN_BLOCKS_PER_PART, sm_count
         narrow, tall_rows = 0, False
+        if getattr(m, "DECODE_GLUON_FP8_COMPUTE", False):
+            fp8_compute_reason = "the portable Triton kernel has no fp8 products"
         if config is None and (m._INTERPRET or device.type != "cuda"):
             config = m.DECODE_INTERPRETER_CONFIG
         elif config is None:
@@ -1613,10 +1619,10 @@ def get_decode_schedule(
         align_runs=chosen == "gluon",
     )
     land_slots = 1
-    fp8_compute = chosen == "gluon" and fp8_compute
     if fp8_compute:
-        # the plan's blocks, its landing slots and V^T stages (no short, long or ring choices: gluon_blocks)
-        config = (m.DECODE_GLUON_BLOCK_N, config[1], m.DECODE_GLUON_FP8_STAGES)
+        # the plan's blocks and landing slots (no short, long or ring choices: gluon_blocks); the plan's stages for
+        # the exact kernel, should a launch's cache be one TMA cannot box (decode_gluon_split)
+        config = (m.DECODE_GLUON_BLOCK_N, config[1], m.DECODE_GLUON_STAGES)
         land_slots = m.DECODE_GLUON_FP8_LAND_SLOTS
         cost_table = {(block_m, config[0]): fewest_blocks}
     elif chosen == "gluon":
@@ -1676,6 +1682,7 @@ def get_decode_schedule(
         decode_keep_partials(),
         land_slots,
         fp8_compute,
+        fp8_compute_reason,
     )
 
 
@@ -2139,17 +2146,25 @@ def gluon_launch_descriptors(m, q_rows, kv_cache, producer, block_n=None, full_q
     return q_desc_c, q_desc_r, q_desc_c, q_desc_r
 
 
-#: the latent columns a warpgroup of the fp8 products' narrow form owns: its P V takes V^T as the MMA's A from
-#: registers, read from 4 landed 64-column boxes a half (decode_gluon.py.jinja: _gluon_f8_v_operand); other
-#: widths take the wide form
-FP8_NARROW_DC_HALF = 256
-
-
-def gluon_fp8_compute(m, config_given):
-    """Whether a Gluon decode schedule multiplies e4m3 operands: the spec asks for cache_compute fp8 and the plan
-    takes it for this geometry (the module's DECODE_GLUON_FP8_COMPUTE), pages hold whole blocks, and the caller did
-    not force a tile (config=: the exact kernel streams it as given)."""
-    return getattr(m, "DECODE_GLUON_FP8_COMPUTE", False) and m.PAGE_SIZE >= m.DECODE_GLUON_BLOCK_N and not config_given
+def gluon_fp8_compute(m, config_given, query_rows, narrow):
+    """(taken, why not) of the fp8 products for a Gluon decode schedule of Sq * H = query_rows: taken where the spec
+    asks for cache_compute fp8 and the plan takes it for this geometry (the module's DECODE_GLUON_FP8_COMPUTE),
+    the launch is in the narrow form (narrow: its N, 0 where rows are the MMAs' M), pages hold whole blocks, and
+    the caller did not force a tile (config=: the exact kernel streams it as given); else the exact path, and why
+    ('' for a module without the products). The narrow form only: there the products beat the exact fp8 path on
+    the H200, with rows as the MMAs' M they lost to it (plan.FP8_NARROW_DC; docs/performance-log.md)."""
+    if not getattr(m, "DECODE_GLUON_FP8_COMPUTE", False):
+        return False, ""
+    if not narrow:
+        return False, (
+            f"Sq * H = {query_rows} query rows > {m.DECODE_GLUON_NARROW_ROWS}: the fp8 products run only in the narrow"
+            " form, where they beat the exact path on the H200 (docs/performance-log.md)"
+        )
+    if m.PAGE_SIZE < m.DECODE_GLUON_BLOCK_N:
+        return False, f"pages of {m.PAGE_SIZE} positions hold no whole {m.DECODE_GLUON_BLOCK_N}-position block"
+    if config_given:
+        return False, "config= forces the exact kernel's tile"
+    return True, ""
 
 
 def gluon_fp8_descriptors(m, cache_rows):
@@ -2179,11 +2194,10 @@ def decode_gluon_fp8(m, inputs, workspace, scale, schedule, causal, empty_lse, q
          block_table.stride(0), *_decode_output_strides(out, lse, o_part)),
         dict(SQ=q.shape[1], H=m.NUM_HEADS, DC=m.KV_LORA_RANK, DR=m.QK_ROPE_HEAD_DIM, DC_HALF=m.DECODE_GLUON_DC_HALF,
              PAGE_SIZE=m.PAGE_SIZE, BLOCK_M=m.DECODE_GLUON_BLOCK_M, BLOCK_N=m.DECODE_GLUON_BLOCK_N,
-             BLOCK_B=schedule.block_b, STAGES=m.DECODE_GLUON_FP8_STAGES, SLOTS=m.DECODE_GLUON_FP8_LAND_SLOTS,
-             CONVERT_WARPS=m.DECODE_GLUON_NARROW_LAND_WARPS if schedule.narrow else m.DECODE_GLUON_LAND_WARPS,
-             CONVERT_REGS=m.DECODE_GLUON_FP8_CONVERT_REGS,
+             BLOCK_B=schedule.block_b, SLOTS=m.DECODE_GLUON_FP8_LAND_SLOTS,
+             CONVERT_WARPS=m.DECODE_GLUON_NARROW_LAND_WARPS, CONVERT_REGS=m.DECODE_GLUON_FP8_CONVERT_REGS,
              CONSUMER_REGS=schedule.config[1], ISSUER_REGS=m.DECODE_GLUON_PRODUCER_REGS,
-             QUERY_SLICE=4 * (m.DECODE_GLUON_NARROW_LAND_WARPS if schedule.narrow else m.DECODE_GLUON_LAND_WARPS),
+             QUERY_SLICE=4 * m.DECODE_GLUON_NARROW_LAND_WARPS,
              Q_TERMS=m.DECODE_GLUON_FP8_QUERY_TERMS, NARROW=schedule.narrow,
              LN2=m._LN2.value, FUSED_MERGE=schedule.merge == "fused", MERGE_FANIN=m.DECODE_MERGE_FANIN,
              MERGE_LEVELS=m.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C,

@@ -1,9 +1,10 @@
 """The spec option cache_compute (exact | fp8) and the Gluon decode's fp8 tensor-core products it selects.
 
-On the CPU: the option validates, reaches the plan, `mlagen show` and the hash, renders for every bundled fp8
-spec (the source compiles to bytecode), leaves the exact path's rendering as it was, and (offline, no GPU) the
-fp8 kernel compiles for sm_90a with e4m3 warpgroup MMAs. On a Hopper GPU: the fp8 decode against the float64
-reference on the dequantised cache, within a bound chosen before any run.
+On the CPU: the option validates, reaches the plan, `mlagen show` and the hash; the products are routed to the
+narrow form only (Sq * H <= 16 query rows as the MMAs' N, Dc 512), every other geometry and launch takes the exact
+path and says why; the fp8 kernel renders where it applies (the source compiles to bytecode), leaves the exact
+path's rendering as it was, and (offline, no GPU) compiles for sm_90a with e4m3 warpgroup MMAs. On a Hopper GPU:
+the fp8 decode against the float64 reference on the dequantised cache, within a bound chosen before any run.
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ def fp8_spec(**fields):
 
 def bundled_fp8_specs():
     return [name for name in sorted(registered_specs()) if resolve_spec(name).cache_format.scaled]
+
+
+def takes_the_products(spec):
+    """Whether cache_compute fp8 can run for this geometry: the narrow form's (H <= 16 heads, Dc 512)."""
+    return spec.num_heads <= 16 and spec.kv_lora_rank == 512
 
 
 def with_fp8_compute(spec):
@@ -86,11 +92,13 @@ def test_cache_compute_reaches_the_plan_and_mlagen_show():
     exact, fp8 = lower(fp8_spec()), lower(fp8_spec(cache_compute="fp8"))
     assert exact.cache_compute == "exact" and not exact.decode.gluon.fp8_compute
     assert fp8.cache_compute == "fp8" and fp8.decode.gluon.fp8_compute, fp8.decode.gluon.fp8_compute_reason
-    assert fp8.decode.gluon.fp8_land_slots >= 2 and fp8.decode.gluon.fp8_stages >= 2
+    assert fp8.decode.gluon.fp8_land_slots >= 2
     summary = fp8.summary()
     assert summary["cache_compute"] == "fp8"
     assert "e4m3 tensor-core products" in summary["decode"]["backend"]
-    assert "portable Triton kernel keeps the exact path" in summary["decode"]["cache_compute"]
+    assert "narrow form only" in summary["decode"]["backend"]
+    for words in ("where Sq * H <= 16", "docs/performance-log.md", "exact elsewhere", "portable Triton kernel keeps"):
+        assert words in summary["decode"]["cache_compute"], (words, summary["decode"]["cache_compute"])
     assert "cache_compute" not in exact.summary()["decode"]
     # a geometry the Gluon decode does not take: exact everywhere, and the plan says why
     odd = lower(fp8_spec(kv_lora_rank=96, qk_rope_head_dim=16, cache_compute="fp8"))
@@ -99,13 +107,34 @@ def test_cache_compute_reaches_the_plan_and_mlagen_show():
     assert "exact everywhere" in odd.summary()["decode"]["cache_compute"]
 
 
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        (dict(num_heads=128), ["H = 128 > 16", "narrow form", "docs/performance-log.md"]),
+        (dict(num_heads=32, kv_lora_rank=256), ["Dc = 256", "narrow form", "docs/performance-log.md"]),
+        (dict(num_heads=32), ["H = 32 > 16", "narrow form"]),
+    ],
+)
+def test_the_wide_geometries_take_the_exact_path_and_say_why(fields, words):
+    """Where no launch can be in the narrow form (more than 16 heads, or Dc other than 512) the plan takes no fp8
+    products: the module holds none, and `mlagen show` says exact everywhere, and why."""
+    plan = lower(fp8_spec(cache_compute="fp8", **fields))
+    assert plan.cache_compute == "fp8" and not plan.decode.gluon.fp8_compute
+    line = plan.summary()["decode"]["cache_compute"]
+    assert line.startswith("exact everywhere") and "\n" not in line, line
+    for word in words:
+        assert word in line, (word, line)
+    assert "_mla_decode_gluon_fp8_kernel" not in module_source(fp8_spec(cache_compute="fp8", **fields))
+
+
 @pytest.mark.parametrize("name", bundled_fp8_specs())
-def test_every_bundled_fp8_spec_renders_the_fp8_kernel(name):
+def test_every_bundled_fp8_spec_renders_the_fp8_kernel_where_it_applies(name):
     spec = with_fp8_compute(resolve_spec(name))
-    assert lower(spec).decode.gluon.fp8_compute
+    assert lower(spec).decode.gluon.fp8_compute == takes_the_products(spec)
     source = module_source(spec)
-    assert "def _mla_decode_gluon_fp8_kernel(" in source and "DECODE_GLUON_FP8_COMPUTE = True" in source
-    assert "def _mla_decode_gluon_kernel(" in source  # (the exact kernel: launches TMA cannot box)
+    has_kernel = "def _mla_decode_gluon_fp8_kernel(" in source and "DECODE_GLUON_FP8_COMPUTE = True" in source
+    assert has_kernel == takes_the_products(spec)
+    assert "def _mla_decode_gluon_kernel(" in source  # (the exact kernel: every other launch)
     compile(source, f"<{spec.name}>", "exec")
 
 
@@ -129,31 +158,51 @@ def test_the_exact_path_renders_as_before(name):
     fp8_spec_ = with_fp8_compute(spec)
     a, b = _stable_lines(exact, spec), _stable_lines(module_source(fp8_spec_), fp8_spec_)
     changes = [op for op in difflib.SequenceMatcher(None, a, b, autojunk=False).get_opcodes() if op[0] != "equal"]
-    assert changes and all(tag == "insert" for tag, *_ in changes), changes[:3]
+    if takes_the_products(spec):
+        assert changes and all(tag == "insert" for tag, *_ in changes), changes[:3]
+    else:  # (no products for this geometry: the exact module line for line, but the spec's provenance)
+        provenance = next(i for i, line in enumerate(b) if line.startswith("# ---- provenance"))
+        assert all(start >= provenance for _, _, _, start, _ in changes), changes[:3]
 
 
-def test_the_schedule_takes_the_fp8_products_where_the_module_has_them(tmp_path):
+def test_the_schedule_takes_the_fp8_products_in_the_narrow_form_only(tmp_path):
+    """runtime.gluon_fp8_compute routes a Gluon launch: the products where it is in the narrow form (Sq * H <= 16
+    query rows as the MMAs' N), the exact path with a one-line reason where it is not (rows as the MMAs' M, where
+    the products lost), where pages hold no whole block, where a tile is forced; a module without the products says
+    nothing. The portable kernel's schedule takes the exact path and says why."""
     module = import_source(module_source(with_fp8_compute(resolve_spec("deepseek-v3-tp8-fp8"))), tmp_path, "mma")
-    assert module.DECODE_GLUON_FP8_COMPUTE
-    assert runtime.gluon_fp8_compute(module, config_given=False)
-    assert not runtime.gluon_fp8_compute(module, config_given=True)  # (a forced tile: the exact kernel as given)
+    assert module.DECODE_GLUON_FP8_COMPUTE and module.NUM_HEADS == 16
+
+    def route(seqlen_q, config_given=False, m=module):
+        rows = seqlen_q * m.NUM_HEADS
+        return runtime.gluon_fp8_compute(m, config_given, rows, m.gluon_narrow_rows(rows, m.DECODE_GLUON_NARROW_ROWS))
+
+    assert route(1) == (True, "")
+    taken, why = route(2)  # (32 query rows: the wide form)
+    assert not taken and "\n" not in why, why
+    for word in ("Sq * H = 32", "> 16", "narrow form", "docs/performance-log.md"):
+        assert word in why, (word, why)
+    taken, why = route(1, config_given=True)  # (a forced tile: the exact kernel as given)
+    assert not taken and "config=" in why, why
     exact = import_source(module_source(resolve_spec("deepseek-v3-tp8-fp8")), tmp_path, "exact")
-    assert not runtime.gluon_fp8_compute(exact, config_given=False)
+    assert route(1, m=exact) == (False, "")
     # pages smaller than a block: TMA cannot box them, the exact kernel runs
     small_pages = import_source(module_source(fp8_spec(page_size=16, cache_compute="fp8")), tmp_path, "pages16")
-    assert not runtime.gluon_fp8_compute(small_pages, config_given=False)
+    taken, why = route(1, m=small_pages)
+    assert not taken and "pages of 16 positions" in why, why
+    # the portable kernel (the interpreter, or a CPU device): exact, and the schedule says why
+    schedule = module.get_decode_schedule(2, 1, torch.device("cpu"))
+    assert schedule.backend == "triton" and not schedule.fp8_compute
+    assert "portable Triton kernel" in schedule.fp8_compute_reason and "fp8_compute_reason=" in repr(schedule)
 
 
-@pytest.mark.parametrize(
-    ("name", "seqlen_q"), [("deepseek-v3-tp8-fp8", 2), ("mistral-small-4-fp8", 2), ("deepseek-v3-tp8-fp8", 1)]
-)
+@pytest.mark.parametrize(("name", "seqlen_q"), [("deepseek-v3-tp8-fp8", 1)])
 def test_the_fp8_kernel_compiles_for_sm90_with_e4m3_mmas(tmp_path, name, seqlen_q):
     """Offline (Triton's front end, passes and ptxas; no GPU), in a process of its own: the fp8 kernel compiles,
-    its SASS holds e4m3 warpgroup MMAs (QGMMA) and no 16-bit ones, and (without the fused merge's stack frame)
-    nothing goes to local memory but a few of the prologue's values held there for the partitions (stored once,
-    loaded once at a partition's start, as the exact kernel's): DeepSeek's 16 query rows at Sq 1, the narrow form
-    (m64n16 MMAs, a launch of 16 warps), up to 4; the wide form up to 2 (two of the converters' shared addresses,
-    computed in the prologue)."""
+    its SASS holds e4m3 warpgroup MMAs (QGMMA, m64n16: the narrow form's 16 query rows as N) and no 16-bit ones,
+    and (without the fused merge's stack frame) nothing goes to local memory but a few of the prologue's values
+    held there for the partitions (stored once, loaded once at a partition's start, as the exact kernel's): up to
+    4."""
     spec = with_fp8_compute(resolve_spec(name))
     module = import_source(module_source(spec), tmp_path, "probe")
     if module._GLUON_IMPORT_ERROR:
@@ -167,11 +216,11 @@ def test_the_fp8_kernel_compiles_for_sm90_with_e4m3_mmas(tmp_path, name, seqlen_
         capture_output=True, text=True, env=env, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    narrow = spec.num_heads * seqlen_q <= 16
-    assert re.search(r"'QGMMA\.64x16x32': \d+" if narrow else r"'QGMMA\.64x\d+x32': \d+", done.stdout), done.stdout
+    assert re.search(r"'QGMMA\.64x16x32': \d+", done.stdout), done.stdout
+    assert not re.search(r"'QGMMA\.64x(?!16x)\d+x32'", done.stdout), done.stdout
     assert "HGMMA" not in done.stdout, done.stdout
     stores = int(re.search(r"'STL': (\d+)", done.stdout).group(1))
-    assert stores <= (4 if narrow else 2), done.stdout
+    assert stores <= 4, done.stdout
 
 
 def emulate_fp8_products(q, latent, kv_scale, softmax_scale, dc, terms):
@@ -189,7 +238,7 @@ def emulate_fp8_products(q, latent, kv_scale, softmax_scale, dc, terms):
     return (p8 @ latent[:, :dc]) * kv_scale / sums, (m + torch.log(sums) - 8 * math.log(2)).squeeze(1)
 
 
-@pytest.mark.parametrize("name", ["deepseek-v3-tp8-fp8", "mistral-small-4-fp8"])
+@pytest.mark.parametrize("name", ["deepseek-v3-tp8-fp8"])  # (the geometry the products run in)
 def test_the_fp8_rounding_model_meets_the_bound(name):
     """The kernel's rounding (plan.FP8_QUERY_TERMS e4m3 terms of the query, P in e4m3), emulated in float64 on the
     GPU test's data (N(0, 1) query and latent, kv_scale = max / 448), within the GPU test's bound at 64 to 8192
@@ -272,7 +321,8 @@ def prmt_b32(a, b, selector):
 
 
 def run_prmt_asm(asm, inputs):
-    """The rendered inline PTX of the V^T transpose (only prmt.b32 and .reg lines) run on uint32 arrays: inputs
+    """The rendered inline PTX of the V operand's 4 x 4 byte transpose (_GLUON_F8_VT_ASM: only prmt.b32 and .reg
+    lines) run on uint32 arrays: inputs
     bind $4.. (after the 4 outputs $0..$3); returns the outputs."""
     regs = {f"${4 + i}": x for i, x in enumerate(inputs)}
     body = asm.strip().removeprefix("{").removesuffix("}")
@@ -284,42 +334,6 @@ def run_prmt_asm(asm, inputs):
         dst, a, b, selector = (x.strip() for x in operands.split(","))
         regs[dst] = prmt_b32(regs[a], regs[b], int(selector, 0))
     return [regs[f"${i}"] for i in range(4)]
-
-
-@pytest.mark.parametrize("n_valid", [64, 37, 1])
-def test_the_vt_write_transposes_the_box_exactly(tmp_path, n_valid):
-    """_gluon_f8_write_vt as numpy: a landed [64 positions, 64 columns] box of random bytes as 32-bit words, the
-    positions >= n_valid zeroed, the rendered prmt.b32 transpose (_GLUON_F8_VT_ASM, its selectors
-    _GLUON_F8_VT_PRMT) on every 4 positions' word, the index renamed as the kernel's reshape / permute, gives V^T
-    byte for byte; and the read layout (_gluon_f8_vt_layout) holds 4 consecutive positions in registers 0-3."""
-    module = import_source(module_source(with_fp8_compute(resolve_spec("deepseek-v3-tp8-fp8"))), tmp_path, "vt")
-    if module._GLUON_IMPORT_ERROR:
-        pytest.skip(f"the Gluon kernels are not defined under this Triton: {module._GLUON_IMPORT_ERROR}")
-    asm = getattr(module._GLUON_F8_VT_ASM, "value", module._GLUON_F8_VT_ASM)
-    for step in module._GLUON_F8_VT_PRMT:
-        for selector in step:
-            assert f"{selector:#06x}" in asm
-    rng = np.random.default_rng(n_valid)
-    box = rng.integers(0, 256, size=(64, 64), dtype=np.uint8)
-    words = box.view("<u4").copy()  # [64 positions, 16 words]: word w of a row is columns 4w..4w + 3
-    words[n_valid:] = 0
-    quads = words.reshape(16, 4, 16)  # (p, k, w): position 4p + k
-    cols = np.stack(run_prmt_asm(asm, [quads[:, k] for k in range(4)]), axis=1)  # (p, k, w): register k's output
-    vt = cols.transpose(2, 1, 0).reshape(64, 16)  # the kernel's reshape / permute: (V^T row 4w + k, word p)
-    expected = box.copy()
-    expected[n_valid:] = 0
-    np.testing.assert_array_equal(vt.astype("<u4").view(np.uint8).reshape(64, 64), expected.T)
-
-    from triton._C.libtriton import gluon_ir, ir, nvidia
-    from triton.experimental.gluon.language._semantic import GluonSemantic
-
-    ctx = ir.context()
-    ir.load_dialects(ctx)
-    nvidia.load_dialects(ctx)
-    semantic = GluonSemantic(gluon_ir.GluonOpBuilder(ctx))
-    for warps in (4, 2):
-        linear = semantic.to_linear_layout(module._gluon_f8_vt_layout(warps), [warps // 2, 64, 16]).value
-        assert linear.reg_bases[:2] == [[0, 1, 0], [0, 2, 0]], linear.reg_bases
 
 
 def _linear_bases(semantic, layout, shape):
@@ -373,8 +387,7 @@ def test_the_narrow_pv_operand_holds_v_in_sigma_and_pi_order(tmp_path, n_valid):
     operand = _linear_bases(semantic, dot, [256, 64])
     split = {kind: [[m, 4 * w + b] for m, w, b in bases] for kind, bases in words3.items()}
     assert split == operand, (split, operand)
-    # the reads of the swizzled box: no extra wavefronts by Triton's counter (benchmarks/probes/fp8_pv_vregs.py: 32
-    # a box, the floor)
+    # the reads of the swizzled box: no extra wavefronts by Triton's counter (32 a box, the floor)
     words_layout = value(module._GLUON_F8_WORDS_LAYOUT)
     builder = semantic.builder
     conflicts = builder.get_shared_bank_conflicts(
@@ -387,6 +400,9 @@ def test_the_narrow_pv_operand_holds_v_in_sigma_and_pi_order(tmp_path, n_valid):
     v[n_valid:] = 0
     words = v.reshape(64, 4, 64).transpose(1, 0, 2).copy().view("<u4")  # [box, position, word]
     asm = value(module._GLUON_F8_VT_ASM)
+    for step in module._GLUON_F8_VT_PRMT:
+        for selector in step:
+            assert f"{selector:#06x}" in asm  # (the selectors rendered into the PTX run here)
     cols = np.zeros_like(words)
     for warp in range(4):
         for lane in range(32):
@@ -419,13 +435,13 @@ def _require_fp8_gluon(module, device):
         pytest.skip(f"Gluon decode cannot run here: {reason}")
 
 
-#: (heads, Dc, Sq, lengths): DeepSeek-V3 TP8 and Mistral-Small-4 widths, lengths from one position to a few
-#: thousand with last blocks partly and wholly filled (pages of 64)
+#: (heads, Dc, Sq, lengths): the narrow form's geometries (Sq * H <= 16, Dc 512: DeepSeek-V3 TP8 at Sq 1, and 8
+#: heads at Sq 2, causal among the new tokens), lengths from one position to several thousand with last blocks
+#: partly and wholly filled (pages of 64)
 GPU_CASES = [
     (16, 512, 1, [1, 63, 64, 65, 700, 2049]),
-    (16, 512, 2, [2, 129, 1000, 4097, 31, 64]),
-    (32, 256, 1, [5, 64, 191, 2500, 8, 1025]),
-    (32, 256, 2, [3, 65, 700, 3001, 128, 17]),
+    (16, 512, 1, [8192, 3, 5000, 128, 1025, 4097]),
+    (8, 512, 2, [2, 129, 1000, 4097, 31, 64]),
 ]
 
 
@@ -447,8 +463,7 @@ def test_fp8_compute_decode_within_its_bound(build_module, device, heads, dc, se
     poison_unused_cache(inputs)
     batch = len(seqlens)
     schedule = module.get_decode_schedule(batch, seqlen_q, device, merge=merge)
-    assert schedule.backend == "gluon" and schedule.fp8_compute, schedule
-    assert bool(schedule.narrow) == (heads * seqlen_q <= 16), schedule  # (both forms: 16 rows as the MMAs' N)
+    assert schedule.backend == "gluon" and schedule.fp8_compute and schedule.narrow == 16, schedule
     out = torch.full((batch, seqlen_q, heads, dc), float("nan"), dtype=module.DTYPE, device=device)
     lse = torch.full((batch, heads, seqlen_q), float("nan"), dtype=torch.float32, device=device)
     module.mla_decode(**inputs, return_lse=True, schedule=schedule, out=out, lse=lse)
@@ -464,14 +479,37 @@ def test_fp8_compute_decode_within_its_bound(build_module, device, heads, dc, se
     assert lse_err <= FP8_COMPUTE_LSE_ATOL, f"max LSE error {lse_err:.4f} > {FP8_COMPUTE_LSE_ATOL}"
 
 
-def _launch_for(module, kv_cache, seqlen_q=2, narrow=0):
+@pytest.mark.parametrize(("heads", "seqlen_q"), [(16, 2)])
+def test_fp8_compute_past_the_narrow_form_runs_the_exact_path(build_module, device, heads, seqlen_q):
+    """On the GPU a cache_compute fp8 module's launch with more than 16 query rows takes the exact path (its
+    schedule says why), and its output is the exact fp8 path's, bit for bit."""
+    fields = {**DEEPSEEK_V3_TP8_SPEC, "name": "fp8-mma-route", "num_heads": heads}
+    module = build_module(**fields, cache_dtype=FP8, cache_compute="fp8")
+    _require_fp8_gluon(module, device)
+    exact = build_module(**{**fields, "name": "fp8-exact-route"}, cache_dtype=FP8)
+    schedule = module.get_decode_schedule(4, seqlen_q, device)
+    assert schedule.backend == "gluon" and not schedule.fp8_compute and schedule.narrow == 0, schedule
+    assert "narrow form" in schedule.fp8_compute_reason, schedule
+    g = torch.Generator().manual_seed(7 * heads + seqlen_q)
+    inputs = make_decode_inputs(module, [65, 700, 3, 2049], seqlen_q, g, device)
+    poison_unused_cache(inputs)
+    got, got_lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule)
+    want, want_lse = exact.mla_decode(
+        **inputs, return_lse=True, schedule=exact.get_decode_schedule(4, seqlen_q, device)
+    )
+    torch.cuda.synchronize()
+    assert torch.isfinite(got).all()
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+def _launch_for(module, kv_cache, seqlen_q=1, narrow=16):
     """The Gluon launch decode_gluon_split prepares for a cache_compute fp8 schedule (built, not launched: CPU
     tensors; the kernel's arguments bound by name)."""
     width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
     batch = 3
     schedule = module.DecodeSchedule(
         batch, seqlen_q, module.DECODE_GLUON_BLOCK_M, 8, 1,
-        (module.DECODE_GLUON_BLOCK_N, module.DECODE_GLUON_CONSUMER_REGS, module.DECODE_GLUON_FP8_STAGES), 132,
+        (module.DECODE_GLUON_BLOCK_N, module.DECODE_GLUON_CONSUMER_REGS, module.DECODE_GLUON_STAGES), 132,
         backend="gluon", merge="fused", land_slots=module.DECODE_GLUON_FP8_LAND_SLOTS, fp8_compute=True,
         narrow=narrow,
     )  # fmt: skip
@@ -496,13 +534,11 @@ def test_the_fp8_launch_binds_every_kernel_argument(tmp_path):
     assert launch.kernel is module._mla_decode_gluon_fp8_kernel
     assert len(launch.values) == len(module._mla_decode_gluon_fp8_kernel.arg_names)
     names = module._mla_decode_gluon_fp8_kernel.arg_names
-    assert launch.values[names.index("STAGES")] == module.DECODE_GLUON_FP8_STAGES
+    assert "STAGES" not in names  # (no V^T stages: V is read from the landed blocks)
     assert launch.values[names.index("SLOTS")] == module.DECODE_GLUON_FP8_LAND_SLOTS
     assert launch.values[names.index("Q_TERMS")] == module.DECODE_GLUON_FP8_QUERY_TERMS == 2
-    assert launch.values[names.index("NARROW")] == 0
-    narrow = _launch_for(module, cache, seqlen_q=1, narrow=16)
-    assert narrow.kernel is module._mla_decode_gluon_fp8_kernel and narrow.values[names.index("NARROW")] == 16
-    assert narrow.values[names.index("CONVERT_WARPS")] == module.DECODE_GLUON_NARROW_LAND_WARPS
+    assert launch.values[names.index("NARROW")] == 16
+    assert launch.values[names.index("CONVERT_WARPS")] == module.DECODE_GLUON_NARROW_LAND_WARPS
     # rows off the [pages * page_size, Dc + Dr] matrix TMA boxes: the exact kernel, rows loaded by its converters
     wide = torch.zeros(8, module.PAGE_SIZE, 1, width + 16, dtype=torch.float8_e4m3fn)[..., :width]
     fallback = _launch_for(module, wide)

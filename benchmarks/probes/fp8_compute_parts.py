@@ -3,20 +3,18 @@
 once: a stale pattern fails loudly), written to a temporary file and imported; all run in one process on the same
 inputs, timed eagerly (do_bench, L2 flushed) and by CUDA-graph replay.
 
-    python benchmarks/probes/fp8_compute_parts.py [--spec deepseek-v3-tp8-fp8|mistral-small-4-fp8] \
-        [--batch 128] [--seqlen 8192] [--in-l2] [--variants full,no-vt,exact] [--dry-run]
+    python benchmarks/probes/fp8_compute_parts.py [--spec deepseek-v3-tp8-fp8] [--batch 128] [--seqlen 8192] \
+        [--in-l2] [--variants full,no-v,exact] [--dry-run]
 
-Variants: full (unedited, checked against the fp32 reference); no-vt (the V transposes gone: in the wide form the
-converters write no V^T, the stages holding stale data; in the narrow form, whose warpgroups read V from the landed
-boxes into their P V's A operand, that operand is zeros, nothing read or transposed), no-pv-mma (both warpgroups' P V
-products removed; in the narrow form their V reads with them), no-qk-mma (the softmax warpgroup's Q K^T replaced by
-a zero score tile), all three timing only, every barrier kept; one-term (bench_decode's fp8mma1 overrides), exact
-(cache_compute exact), wide (the narrow form's case forced wide), slots4 (the narrow form with 4 landing slots
-instead of the plan's 2: 226584 B of shared memory at DeepSeek's geometry; a wide form's case skipped) checked.
---in-l2: every sequence reads the first sequence's pages (decode_knobs.py's). --dry-run (no GPU): render both
-bundled fp8 specs, apply every edit and compile the edited sources to bytecode (the files it prints compile for
-sm_90a with `benchmarks/gluon_offline_compile.py FILE --fp8-compute [--wide] [--land-slots 4]`). Exit 1 only where
-full or exact fails its check.
+The spec must be one whose launches at Sq 1 take the products (the narrow form: H <= 16, Dc 512). Variants: full
+(unedited, checked against the fp32 reference); no-v (the warpgroups' V reads gone: their P V's A operand is zeros,
+nothing read or transposed), no-pv-mma (both warpgroups' P V products removed, their V reads with them), no-qk-mma
+(the softmax warpgroup's Q K^T replaced by a zero score tile), all three timing only, every barrier kept; one-term
+(bench_decode's fp8mma1 overrides), exact (cache_compute exact), slots4 (4 landing slots instead of the plan's 2:
+226584 B of shared memory at DeepSeek's geometry) checked. --in-l2: every sequence reads the first sequence's pages
+(decode_knobs.py's). --dry-run (no GPU): render the bundled DeepSeek fp8 spec, apply every edit and compile the
+edited sources to bytecode (the files it prints compile for sm_90a with `benchmarks/gluon_offline_compile.py FILE
+--fp8-compute [--land-slots 4]`). Exit 1 only where full or exact fails its check.
 """
 
 from __future__ import annotations
@@ -35,91 +33,49 @@ from mlagen_compiler.registry import resolve_spec  # noqa: E402
 from mlagen_compiler.tuning_db import tuned_for_spec  # noqa: E402
 
 # ---- edits of the generated module's text (as rendered from templates/decode_gluon.py.jinja) -----------------------
-_VT_LOOP = """\
-        for j in range(NC // BOXES):
-            words = land_w.index(slot * (NC // BOXES) + j).load(read)
-            if MASKED:
-                words = gl.where((pos < n_valid)[None, :, None], words, gl.zeros_like(words))
-            cols = gl.inline_asm_elementwise(_GLUON_F8_VT_ASM, "=r,=r,=r,=r,r,r,r,r", [words], dtype=gl.int32,
-                                             is_pure=True, pack=4)
-            cols = cols.reshape([BOXES, BLOCK_N // 4, 4, 16]).permute((0, 3, 2, 1)).reshape([BOXES, 64, BLOCK_N // 4])
-            vt_w.index(stage * (NC // BOXES) + j).store(cols)
-"""
 _VA_READ = """\
         read: gl.constexpr = _gluon_f8_va_read_layout()
         words = land_w.index(half).load(read)
 """
 _VA_NONE = """\
-        return gl.zeros([256, 64], gl.float8e4nv, a_layout)  # (probe no-vt: V not read)
+        return gl.zeros([256, 64], gl.float8e4nv, a_layout)  # (probe no-v: V not read)
 """
-_SOFTMAX_PV_NARROW = """\
-            acc = warpgroup_mma(v_a, p_rows.permute((1, 0)), acc, is_async=True)
-            mbarrier.arrive(land_free.index(slot))
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+_SOFTMAX_PV = """\
+        acc = warpgroup_mma(v_a, p_rows.permute((1, 0)), acc, is_async=True)
+        mbarrier.arrive(land_free.index(slot))
+        acc = warpgroup_mma_wait(0, deps=(acc,))
 """
-_SOFTMAX_PV_WIDE = """\
-            acc = warpgroup_mma(p_smem, v_half.permute((1, 0)), acc, is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-"""
-_PV_PV_NARROW = """\
-            acc = warpgroup_mma(v_a, p_smem.slice(0, NARROW, dim=0).permute((1, 0)), acc, is_async=True)
-            mbarrier.arrive(land_free.index(slot))
-            acc = warpgroup_mma_wait(0, deps=(acc,))
-"""
-_PV_PV_WIDE = """\
-            acc = warpgroup_mma(p_smem, vt_smem.index(stage).slice(DC_HALF, DC_HALF, dim=0).permute((1, 0)), acc,
-                                is_async=True)
-            acc = warpgroup_mma_wait(0, deps=(acc,))
+_PV_PV = """\
+        acc = warpgroup_mma(v_a, p_smem.slice(0, NARROW, dim=0).permute((1, 0)), acc, is_async=True)
+        mbarrier.arrive(land_free.index(slot))
+        acc = warpgroup_mma_wait(0, deps=(acc,))
 """
 _LAND_FREE = """\
-            mbarrier.arrive(land_free.index(slot))
+        mbarrier.arrive(land_free.index(slot))
 """
 _QK = """\
-        if NARROW:
-            scores = gl.zeros([BLOCK_N, NARROW], gl.float32, s_layout)
-            for tt in gl.static_range(Q_TERMS):
-                t = Q_TERMS - 1 - tt
-                for j in gl.static_range(NC):
-                    scores = warpgroup_mma(land_c.index(slot * NC + j),
-                                           q8_c.index(t * NC + j + opaque_zero).slice(0, NARROW, dim=0).permute((1, 0)),
-                                           scores, is_async=True)
-                for i in gl.static_range(NR):
-                    scores = warpgroup_mma(land_r.index(slot * NR + i),
-                                           q8_r.index(t * NR + i + opaque_zero).slice(0, NARROW, dim=0).permute((1, 0)),
-                                           scores, is_async=True)
-            v_a = _gluon_f8_v_operand(land_w, slot * 2, n_valid, gl.DotOperandLayout(0, s_layout, 4), MASKED)
-            pos_axis: gl.constexpr = 0
-        else:
-            scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-            for tt in gl.static_range(Q_TERMS):
-                t = Q_TERMS - 1 - tt
-                for j in gl.static_range(NC):
-                    scores = warpgroup_mma(q8_c.index(t * NC + j + opaque_zero),
-                                           land_c.index(slot * NC + j).permute((1, 0)), scores, is_async=True)
-                for i in gl.static_range(NR):
-                    scores = warpgroup_mma(q8_r.index(t * NR + i + opaque_zero),
-                                           land_r.index(slot * NR + i).permute((1, 0)), scores, is_async=True)
-            pos_axis: gl.constexpr = 1
+        scores = gl.zeros([BLOCK_N, NARROW], gl.float32, s_layout)
+        for tt in gl.static_range(Q_TERMS):
+            t = Q_TERMS - 1 - tt
+            for j in gl.static_range(NC):
+                scores = warpgroup_mma(land_c.index(slot * NC + j),
+                                       q8_c.index(t * NC + j + opaque_zero).slice(0, NARROW, dim=0).permute((1, 0)),
+                                       scores, is_async=True)
+            for i in gl.static_range(NR):
+                scores = warpgroup_mma(land_r.index(slot * NR + i),
+                                       q8_r.index(t * NR + i + opaque_zero).slice(0, NARROW, dim=0).permute((1, 0)),
+                                       scores, is_async=True)
+        v_a = _gluon_f8_v_operand(land_w, slot * 2, n_valid, gl.DotOperandLayout(0, s_layout, 4), MASKED)
         scores = warpgroup_mma_wait(0, deps=(scores,))
 """
 _QK_NONE = """\
-        if NARROW:
-            scores = gl.zeros([BLOCK_N, NARROW], gl.float32, s_layout)
-            v_a = _gluon_f8_v_operand(land_w, slot * 2, n_valid, gl.DotOperandLayout(0, s_layout, 4), MASKED)
-            pos_axis: gl.constexpr = 0
-        else:
-            scores = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-            pos_axis: gl.constexpr = 1
+        scores = gl.zeros([BLOCK_N, NARROW], gl.float32, s_layout)
+        v_a = _gluon_f8_v_operand(land_w, slot * 2, n_valid, gl.DotOperandLayout(0, s_layout, 4), MASKED)
 """
 #: variant: [(pattern, replacement)], each pattern matching the rendered module exactly once
 EDITS = {
-    "no-vt": [(_VT_LOOP, "        # (probe no-vt: no V^T written)\n"), (_VA_READ, _VA_NONE + _VA_READ)],
-    "no-pv-mma": [
-        (_SOFTMAX_PV_NARROW, _LAND_FREE),
-        (_SOFTMAX_PV_WIDE, ""),
-        (_PV_PV_NARROW, _LAND_FREE),
-        (_PV_PV_WIDE, ""),
-    ],
+    "no-v": [(_VA_READ, _VA_NONE + _VA_READ)],
+    "no-pv-mma": [(_SOFTMAX_PV, _LAND_FREE), (_PV_PV, _LAND_FREE)],
     "no-qk-mma": [(_QK, _QK_NONE)],
 }
 TIMING_ONLY = set(EDITS)
@@ -141,8 +97,8 @@ def render(spec_name: str, compute: str, where: Path) -> Path:
     return compile_spec(spec, where / spec.name, tuned_for_spec(spec))
 
 
-VARIANTS = ("full", *EDITS, "one-term", "wide", "exact", "slots4")
-#: slots4: the landing ring's slots (the narrow form's shared memory has room for 4 without V^T stages)
+VARIANTS = ("full", *EDITS, "one-term", "exact", "slots4")
+#: slots4: the landing ring's slots (the shared memory has room for 4)
 SLOTS4 = 4
 
 
@@ -162,7 +118,7 @@ def variant_files(spec_name: str, tmp: Path, variants=VARIANTS) -> dict[str, Pat
 
 
 def dry_run(tmp: Path) -> None:
-    for spec_name in ("deepseek-v3-tp8-fp8", "mistral-small-4-fp8"):
+    for spec_name in ("deepseek-v3-tp8-fp8",):
         files = variant_files(spec_name, tmp / spec_name)
         for path in files.values():
             compile(path.read_text(), str(path), "exec")
@@ -220,15 +176,6 @@ def main() -> int:
     for name, module in modules.items():
         try:
             sched = module.get_decode_schedule(args.batch, 1, q.device)
-            if name == "slots4" and not sched.narrow:
-                print(f"{name:>10}: skipped (the wide form: its V^T stages leave no room)")
-                continue
-            if name == "wide":
-                if not sched.narrow:
-                    print(f"{name:>10}: skipped (the case takes the wide form already)")
-                    continue
-                module.DECODE_GLUON_NARROW_ROWS = 0  # gluon_narrow_rows: no narrow form
-                sched = module.get_decode_schedule(args.batch, 1, q.device)
             out = torch.empty(*q.shape[:3], module.KV_LORA_RANK, dtype=q.dtype, device=q.device)
             lse = torch.empty(q.shape[0], module.NUM_HEADS, 1, dtype=torch.float32, device=q.device)
             call = functools.partial(
@@ -257,7 +204,9 @@ def main() -> int:
             print(f"{name:>10}: FAILED {type(error).__name__}: {(str(error).splitlines() or [''])[0][:200]}")
             failed = failed or name in ("full", "exact")
             continue
-        form = f"{'fp8mma' if getattr(sched, 'fp8_compute', False) else 'exact kernel'}, narrow {sched.narrow}"
+        form = f"{'fp8mma' if sched.fp8_compute else 'exact kernel'}, narrow {sched.narrow}"
+        if sched.fp8_compute_reason:
+            form += f" ({sched.fp8_compute_reason})"
         print(
             f"{name:>10}: eager {eager:8.2f} us, graph {graph:8.2f} us, {nbytes / min(eager, graph) / 1e3:6.0f} GB/s;"
             f" {form}, config {sched.config}, parts {sched.num_parts}; {checked}"

@@ -15,8 +15,6 @@ Dc 512, Dr 64, e4m3 operands:
 For each: compiled or the exact error, ptxas' registers / spills / shared memory, and the wgmma kinds in the
 PTX and SASS.
 
-fp8_pv_vregs.py beside it: the narrow P . V with V^T as A from registers, read from the landed boxes.
-
     python benchmarks/probes/fp8_wgmma_offline.py [--dump DIR]
 """
 
