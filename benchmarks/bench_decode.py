@@ -8,7 +8,10 @@ calls issued back to back, timed the same way (20 calls a sample) to set beside 
 
 Every case runs with the spec's bf16 cache and with an fp8 (e4m3) cache of the same geometry, B, H, S
 (`--caches`), the fp8 one checked against the reference on its dequantised cache; the table gives the fp8
-time over the bf16 time of the same backend and over the fastest bf16 backend.
+time over the bf16 time of the same backend and over the fastest bf16 backend. `--caches` fp8mma adds the fp8 cache
+with cache_compute fp8 (e4m3 tensor-core products on the Gluon decode), checked against that option's own bound
+(FP8_COMPUTE_REL_NORM, FP8_COMPUTE_LSE_ATOL); its config column says fp8mma where the launch took the fp8 kernel;
+fp8mma1 the same with a one-term e4m3 query (an experiment beside the plan's two terms, same bound).
 
 FlashMLA runs in the same process where a built one is importable (`--flash-mla`: a PATH holding the user's
 built `flash_mla` package, `vllm` for vLLM's build through `vllm.v1.attention.ops.flashmla`; default `auto`):
@@ -62,8 +65,18 @@ from mlagen_compiler.tuning_db import tuned_for_spec  # noqa: E402
 from mlagen_compiler.verify import compare_with_lse, paged_block_table  # noqa: E402
 
 PAGE_SIZE = 64
-#: latent caches a case runs with: the bundled spec's own (bf16) and fp8 e4m3 (cache_dtype) of the same geometry
-CACHES = {"bf16": None, "fp8": "float8_e4m3fn"}
+#: latent caches a case runs with: the bundled spec's own (bf16) and fp8 e4m3 (cache_dtype) of the same geometry;
+#: fp8mma: the fp8 cache with cache_compute fp8 (e4m3 tensor-core products on the Gluon decode); fp8mma1: the same
+#: with the query as one e4m3 term instead of the plan's two (CACHE_OVERRIDES: half the Q K^T products, less exact)
+CACHES = {"bf16": None, "fp8": "float8_e4m3fn", "fp8mma": "float8_e4m3fn", "fp8mma1": "float8_e4m3fn"}
+#: the spec's cache_compute of a cache (exact where not named)
+CACHE_COMPUTE = {"fp8mma": "fp8", "fp8mma1": "fp8"}
+#: module constants a cache's module takes instead of its plan's, before its first launch (fp8mma1: one query term)
+CACHE_OVERRIDES = {"fp8mma1": {"DECODE_GLUON_FP8_QUERY_TERMS": 1}}
+#: the fp8 products' bound against the reference on the dequantised cache (tests/test_fp8_compute.py's): relative
+#: Frobenius error of the whole output, and the largest LSE error (natural log)
+FP8_COMPUTE_REL_NORM = 0.05
+FP8_COMPUTE_LSE_ATOL = 0.05
 
 
 @dataclass
@@ -180,8 +193,14 @@ def module_for(spec_name: str, num_heads: int, tmp: Path, cache: str = "bf16"):
         spec = resolve_spec(spec_name)
         if spec.num_heads != num_heads or CACHES[cache] is not None:
             fields = {**spec.to_flat_dict(), "name": f"{spec_name}-h{num_heads}-{cache}", "num_heads": num_heads}
+            if cache in CACHE_COMPUTE:
+                fields["cache_compute"] = CACHE_COMPUTE[cache]
             spec = spec_from_dict({**fields, "cache_dtype": CACHES[cache] or spec.dtype})
-        _MODULES[key] = import_module_from_path(compile_spec(spec, tmp / spec.name, tuned_for_spec(spec)))
+        module = import_module_from_path(compile_spec(spec, tmp / spec.name, tuned_for_spec(spec)))
+        for name, value in CACHE_OVERRIDES.get(cache, {}).items():
+            if hasattr(module, name):  # (a geometry the fp8 products do not take has none)
+                setattr(module, name, value)
+        _MODULES[key] = module
     return _MODULES[key]
 
 
@@ -218,11 +237,31 @@ def bytes_and_flops(module, seqlens, seqlen_q):
 
 
 def check(module, q, kv, table, lens, out, lse, max_len, kv_scale=None):
-    """fp32 reference (over the dequantised cache for fp8): compare_with_lse's (max err, rel err, message)."""
+    """fp32 reference (over the dequantised cache for fp8): compare_with_lse's (max err, rel err, message); a module
+    with cache_compute fp8 against its own bound (check_fp8_compute)."""
     ref_out, ref_lse = decode_paged_batched(
         q.float(), kv, table, lens, module.KV_LORA_RANK, module.SOFTMAX_SCALE, max_seqlen=max_len, kv_scale=kv_scale
     )
+    if module.SPEC.get("cache_compute") == "fp8":
+        return check_fp8_compute(out, lse, ref_out, ref_lse)
     return compare_with_lse(out, lse, ref_out, ref_lse, "bfloat16")
+
+
+def check_fp8_compute(out, lse, ref_out, ref_lse) -> tuple[float, float, str]:
+    """(max err, rel err, message) of the fp8 products: every element finite, the whole output's relative
+    Frobenius error within FP8_COMPUTE_REL_NORM and every LSE within FP8_COMPUTE_LSE_ATOL."""
+    out64, ref64 = out.double(), ref_out.double()
+    max_err = float((out64 - ref64).abs().nan_to_num(float("inf")).max())
+    rel = float((out64 - ref64).norm() / ref64.norm())
+    lse_err = float((lse.double() - ref_lse.double()).abs().nan_to_num(float("inf")).max())
+    message = ""
+    if not (torch.isfinite(out).all() and torch.isfinite(lse).all()):
+        message = "fp8 products: a NaN / inf (or an unwritten element) in the output or LSE"
+    elif not rel <= FP8_COMPUTE_REL_NORM:
+        message = f"fp8 products: relative norm error {rel:.4f} > {FP8_COMPUTE_REL_NORM}"
+    elif not lse_err <= FP8_COMPUTE_LSE_ATOL:
+        message = f"fp8 products: max LSE error {lse_err:.4f} > {FP8_COMPUTE_LSE_ATOL}"
+    return max_err, rel, message
 
 
 def checked_call(module, call, inputs, max_len, out, lse, replayed=False) -> str:
@@ -568,8 +607,10 @@ def run_case(
         num_heads=module.NUM_HEADS,
         total_tokens=sum(case.seqlens),
         # Gluon: r = registers of the second warpgroup; portable: w = warps
+        # (" fp8mma": the launch's kernel multiplies e4m3 operands, the schedule's fp8_compute)
         config=f"m{schedule.block_m} n{schedule.config[0]} {'r' if schedule.backend == 'gluon' else 'w'}"
-        f"{schedule.config[1]} s{schedule.config[2]} p{schedule.num_parts}",
+        f"{schedule.config[1]} s{schedule.config[2]} p{schedule.num_parts}"
+        f"{' fp8mma' if getattr(schedule, 'fp8_compute', False) else ''}",
         us=us,
         gbps=gbps,
         tflops=tflops,
@@ -840,13 +881,20 @@ def summary_lines(results: list[Result], meta: dict, roof: dict, caches, flash_n
     return lines
 
 
+def only_matches(part: str, name: str) -> bool:
+    """Whether --only's `part` selects the case `name`: a substring of it, or (written =NAME) exactly it."""
+    return name == part[1:] if part.startswith("=") else part in name
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--quick", action="store_true", help="fewer B=128 cases")
     parser.add_argument("--sweep", action="store_true", help="time the whole autotune space on key cases")
     parser.add_argument("--compare-default", action="store_true", help="also time the untuned default config")
-    parser.add_argument("--only", default="", help="run only cases whose name contains one of these (a,b,...)")
+    parser.add_argument(
+        "--only", default="", help="run only cases whose name contains one of these (a,b,...; =NAME: exactly NAME)"
+    )
     parser.add_argument("--dump-ir", action="store_true", help="write TTGIR of two H=128 split kernels")
     parser.add_argument("--no-suite", action="store_true", help="only the sweep, not the benchmark cases")
     parser.add_argument(
@@ -865,7 +913,9 @@ def main() -> None:
     parser.add_argument(
         "--caches",
         default="bf16,fp8",
-        help="latent caches to time side by side: bf16 (the spec's) and fp8 (e4m3, same geometry and batch)",
+        help="latent caches to time side by side: bf16 (the spec's), fp8 (e4m3, same geometry and batch) and "
+        "fp8mma (the fp8 cache with cache_compute fp8: e4m3 tensor-core products, checked against their own bound), "
+        "fp8mma1 (the same, the query one e4m3 term)",
     )
     parser.add_argument("--append", type=Path, help="also append each result to this results log (JSON lines)")
     parser.add_argument(
@@ -901,7 +951,7 @@ def main() -> None:
             )
         results = []
         for case in [] if args.no_suite else cases(args.quick):
-            if args.only and not any(part in case.name for part in args.only.split(",")):
+            if args.only and not any(only_matches(part, case.name) for part in args.only.split(",")):
                 continue
             for cache in caches:
                 for backend in args.backends.split(","):

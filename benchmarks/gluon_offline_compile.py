@@ -8,6 +8,7 @@ errors and register spills without device time.
 
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py --prefill [--non-causal]
+    python benchmarks/gluon_offline_compile.py MODULE --fp8-compute [--sq 2]  (a spec with cache_compute: fp8)
 
 An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles the producer its launch would choose for --sq (the
 landing producer where Sq * H <= 32, else the converting one); --producer picks one.
@@ -237,6 +238,88 @@ def compile_offline(
     return {"shared": kernel.metadata.shared, "resources": _resource_usage(kernel.asm["cubin"]), "kernel": kernel}
 
 
+def compile_fp8_offline(
+    module_path: str,
+    seqlen_q: int = 1,
+    fused_merge: bool = True,
+    consumer_regs: int | None = None,
+    causal: bool = True,
+    empty_inf: bool = False,
+    query_terms: int | None = None,
+    land_slots: int | None = None,
+) -> dict:
+    """Compile the module's _mla_decode_gluon_fp8_kernel (a spec with cache_compute fp8): the launch's arguments
+    (runtime.decode_gluon_fp8) on stand-in tensors; returns ptxas' numbers and the SASS's tensor-core kinds."""
+    from mlagen_compiler.runtime import _PARTIAL_EVICTION, gluon_fp8_descriptors
+
+    module = _load_offline(module_path)
+    assert not module._GLUON_IMPORT_ERROR, module._GLUON_IMPORT_ERROR
+    if not getattr(module, "DECODE_GLUON_FP8_COMPUTE", False):
+        raise ValueError(f"--fp8-compute: {module_path} has no fp8 products (its spec's cache_compute is not fp8)")
+    width = module.KV_LORA_RANK + module.QK_ROPE_HEAD_DIM
+    batch, heads = 4, module.NUM_HEADS
+    q = torch.empty(batch * seqlen_q * heads, width, dtype=module.DTYPE)
+    kv = torch.empty(64, module.PAGE_SIZE, 1, width, dtype=module.CACHE_DTYPE)
+    kv_desc_c, kv_desc_r = gluon_fp8_descriptors(module, kv.view(-1, width))
+    # the narrow form, the only one the products take (rows = Sq * H); its converters as the launch's
+    narrow_rows = module.gluon_narrow_rows(seqlen_q * heads, module.DECODE_GLUON_NARROW_ROWS)
+    if not narrow_rows:
+        raise ValueError(
+            f"--sq {seqlen_q}: Sq * H = {seqlen_q * heads} > {module.DECODE_GLUON_NARROW_ROWS} query rows, where the"
+            " fp8 products do not run (the narrow form only)"
+        )
+    warps = module.DECODE_GLUON_NARROW_LAND_WARPS
+    i32 = torch.empty(16, dtype=torch.int32)
+    f32 = torch.empty(16, dtype=torch.float32)
+    out = torch.empty(16, dtype=module.DTYPE)
+    # fmt: off
+    kernel = module._mla_decode_gluon_fp8_kernel.warmup(
+        q, kv_desc_c, kv_desc_r, kv, i32, i32, out, f32, f32, f32, i32, torch.empty(1, dtype=torch.float32), 0.1,
+        batch, 8, 5, 64, 512, 512, 512, 64, 1, 512 * 64, 512,
+        SQ=seqlen_q, H=heads, DC=module.KV_LORA_RANK, DR=module.QK_ROPE_HEAD_DIM, DC_HALF=module.DECODE_GLUON_DC_HALF,
+        PAGE_SIZE=module.PAGE_SIZE, BLOCK_M=module.DECODE_GLUON_BLOCK_M, BLOCK_N=module.DECODE_GLUON_BLOCK_N,
+        BLOCK_B=16, SLOTS=land_slots or module.DECODE_GLUON_FP8_LAND_SLOTS,
+        CONVERT_WARPS=warps, CONVERT_REGS=module.DECODE_GLUON_FP8_CONVERT_REGS, NARROW=narrow_rows,
+        CONSUMER_REGS=consumer_regs or module.DECODE_GLUON_CONSUMER_REGS, ISSUER_REGS=module.DECODE_GLUON_PRODUCER_REGS,
+        QUERY_SLICE=4 * warps, Q_TERMS=query_terms or module.DECODE_GLUON_FP8_QUERY_TERMS,
+        LN2=0.6931471805599453, FUSED_MERGE=fused_merge,
+        MERGE_FANIN=module.DECODE_MERGE_FANIN,
+        MERGE_LEVELS=module.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=module.DECODE_MERGE_BLOCK_C, SEQUENCE_RUNS=False,
+        PARTIAL_STORE=_PARTIAL_EVICTION[True][0], CAUSAL=causal, EMPTY_INF=empty_inf, num_warps=4, grid=(1,),
+    )
+    # fmt: on
+    return {
+        "shared": kernel.metadata.shared,
+        "resources": _resource_usage(kernel.asm["cubin"]),
+        "sass_mma": _sass_mma_kinds(kernel.asm["cubin"]),
+        "kernel": kernel,
+    }
+
+
+def _sass_mma_kinds(cubin: bytes) -> dict[str, int]:
+    """The warpgroup MMA instructions of the kernel's SASS by kind (QGMMA: fp8 operands, HGMMA: 16-bit)."""
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        sass = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True).stdout
+    kinds = re.findall(r"\b([A-Z]GMMA\.\w+)", sass)
+    counts = {kind: kinds.count(kind) for kind in sorted(set(kinds))}
+    # spills: local-memory stores and loads (STL / LDL); the partitions' registers: setmaxnreg's operands
+    counts["STL"] = len(re.findall(r"\bSTL\b", sass))
+    counts["LDL"] = len(re.findall(r"\bLDL\b", sass))
+    counts["setmaxnreg"] = sorted(
+        {int(n, 16) for n in re.findall(r"USETMAXREG\.[\w.]+ (?:UP\d+, )?(0x[0-9a-f]+)", sass)}
+    )
+    return counts
+
+
 def compile_prefill_offline(
     module_path: str,
     causal: bool = True,
@@ -324,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--short-blocks", action="store_true", help="the small batches' short cache blocks")
     parser.add_argument("--regs", type=int, help="registers of the P @ V warpgroups (default: the module's)")
     parser.add_argument(
-        "--land-slots", type=int, help="fp8 blocks the landing producer lands at a time (default: the plan's)"
+        "--land-slots",
+        type=int,
+        help="fp8 blocks the landing producer (or, --fp8-compute, the issuer) lands at a time (default: the plan's)",
     )
     parser.add_argument("--long-blocks", action="store_true", help="the long blocks of two or more row blocks")
     parser.add_argument("--non-causal", action="store_true", help="every new token sees the whole sequence")
@@ -334,12 +419,32 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the Gluon prefill instead (--non-causal: the prefix attention of chunked prefill, float32 out)",
     )
+    parser.add_argument(
+        "--fp8-compute",
+        action="store_true",
+        help="the fp8 products' kernel of a cache_compute fp8 module (--sq, --regs, --combine-kernel, --non-causal,"
+        " --empty-inf, --query-terms, --land-slots apply)",
+    )
+    parser.add_argument(
+        "--query-terms", type=int, choices=[1, 2], help="(--fp8-compute) e4m3 terms of the query (default: the plan's)"
+    )
     parser.add_argument("--block-n", type=int, help="(--prefill) key positions a block (default: the plan's)")
     parser.add_argument("--stages", type=int, help="(--prefill) ring stages (default: the plan's)")
     args = parser.parse_args(argv)
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
-    if args.prefill:
+    if args.fp8_compute:
+        result = compile_fp8_offline(
+            args.module,
+            args.sq,
+            not args.combine_kernel,
+            args.regs,
+            not args.non_causal,
+            args.empty_inf,
+            args.query_terms,
+            args.land_slots,
+        )
+    elif args.prefill:
         result = compile_prefill_offline(
             args.module,
             causal=not args.non_causal,

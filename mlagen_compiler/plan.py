@@ -219,6 +219,20 @@ class GluonDecodePlan:
     #: splits GLUON_CONSUMER_REGS and every ring depth that fits (empty where not eligible). Rows per program
     #: are fixed at one warpgroup MMA (64).
     space: tuple[tuple[int, int, int], ...] = ()
+    #: the spec's cache_compute is fp8 and this geometry takes it: e4m3 tensor-core products (the query quantised
+    #: to e4m3 a row at a time, K read straight from the landed fp8 block, P in e4m3, V read from the landed block
+    #: into the P V's registers) in the narrow form only (Sq * H <= narrow_rows, Dc 512: FP8_NARROW_DC), with
+    #: block_n-position blocks (no short or long blocks), fp8_land_slots blocks landing at a time; launches past
+    #: narrow_rows, and those whose pages or cache layout TMA cannot box, take the exact path
+    #: (runtime.gluon_fp8_compute)
+    fp8_compute: bool = False
+    #: why cache_compute fp8 is not taken ('' when it is, or was not asked for)
+    fp8_compute_reason: str = ""
+    fp8_land_slots: int = 0
+    #: registers of its converter warps (land_warps of them): the query's e4m3 quantisation holds a few rows' loads
+    fp8_convert_regs: int = 0
+    #: e4m3 terms of the query (FP8_QUERY_TERMS): 1, or 2 (hi + lo, twice the Q K^T products, about 8 bits kept)
+    fp8_query_terms: int = 0
 
     @property
     def default(self) -> tuple[int, int, int]:
@@ -307,9 +321,78 @@ GLUON_CONSUMER_REGS = (152, 168, 184, 200)
 GLUON_DEFAULT_CONSUMER_REGS = 168
 
 
-def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> GluonDecodePlan:
+#: fp8 products (cache_compute fp8): fp8 blocks landing at a time
+FP8_LAND_SLOTS = 2
+#: ... and the only latent width they take: the narrow form reads each warpgroup's half of V (Dc / 2 = 256
+#: columns) as 4 landed 64-column boxes. The products run only in the narrow form (Sq * H <= NARROW_ROWS query
+#: rows as the MMAs' N): there they beat the exact fp8 path on the H200 (DeepSeek H16 B128 S8192: 181.0 µs
+#: against 222.0, H16 B64 S32768: 350.7 against 423.4), and with rows as the MMAs' M (the wide form, since
+#: removed) they lost to it (H128 B128 S8192: 654.1 against 592.8; Mistral-Small-4 H32: 180.7 against 166.3).
+#: Evidence: performance log, "The one-warpgroup prefill measured" (2026-11-29), item 3
+FP8_NARROW_DC = 512
+#: ... and the e4m3 terms of the query (1: hi = e4m3(q / scale); 2: hi + lo, lo = e4m3(q / scale - hi), both
+#: multiplied by K, twice the Q K^T products). 2: an emulation of the kernel's rounding in float64 (N(0, 1) query
+#: and latent, DeepSeek-V3's softmax scale, 64 to 8192 positions) put one term's output at 0.048-0.059 relative
+#: error and its LSE 0.06-0.12 off, past tests/test_fp8_compute.py's bound (0.05, 0.05); two terms 0.009-0.011
+#: and 0.008-0.014 (Mistral-Small-4's geometry: 0.031-0.040 and 0.018-0.040 with one term)
+FP8_QUERY_TERMS = 2
+#: ... and its converter warps' registers (80, the exact landing converter's, spilled the query's loads at Sq 2)
+FP8_CONVERT_REGS = 80
+
+
+def _gluon_fp8_smem_bytes(
+    dc: int, dr: int, slots: int, block_m: int, block_n: int, terms: int = FP8_QUERY_TERMS
+) -> int:
+    """Shared memory of the fp8-product decode: the e4m3 query tile (`terms` of them), `slots` landed fp8 blocks,
+    e4m3 P, the alpha, row-sum and query-scale vectors and the mbarriers (a pair a slot, six for the query, P and
+    the row sums)."""
+    data = terms * block_m * (dc + dr) + slots * block_n * (dc + dr) + block_m * block_n
+    return data + 3 * block_m * 4 + 8 * (2 * slots + 6)
+
+
+def fp8_products_narrow_only(num_heads: int, dc: int) -> str:
+    """Why cache_compute fp8 never runs for this geometry ('' where it can: H <= NARROW_ROWS and Dc =
+    FP8_NARROW_DC, the narrow form at Sq * H <= NARROW_ROWS)."""
+    where = f"they run only in the narrow form (Sq * H <= {NARROW_ROWS}, Dc {FP8_NARROW_DC})"
+    evidence = "the wide form lost to the exact path on the H200 (docs/performance-log.md)"
+    if dc != FP8_NARROW_DC:
+        return f"Dc = {dc}: {where}; {evidence}"
+    if num_heads > NARROW_ROWS:
+        return f"H = {num_heads} > {NARROW_ROWS} query rows: {where}; {evidence}"
+    return ""
+
+
+def _gluon_fp8_compute(
+    dc: int,
+    dr: int,
+    num_heads: int,
+    block_m: int,
+    block_n: int,
+    convert: bool,
+    cache_compute: str,
+    eligible: bool,
+) -> tuple[bool, str, int]:
+    """(taken, why not, landing slots) of cache_compute fp8 for this geometry."""
+    if cache_compute != "fp8" or not convert:
+        return False, "", 0
+    if not eligible:
+        return False, "the Gluon decode does not take this geometry", 0
+    narrow_only = fp8_products_narrow_only(num_heads, dc)
+    if narrow_only:
+        return False, narrow_only, 0
+    need = _gluon_fp8_smem_bytes(dc, dr, FP8_LAND_SLOTS, block_m, block_n)
+    if need > GLUON_MAX_SMEM:
+        return False, f"the fp8 products' buffers need {need} B of shared memory > {GLUON_MAX_SMEM}", 0
+    return True, "", FP8_LAND_SLOTS
+
+
+def lower_gluon_decode(
+    dc: int, dr: int, cache_dtype: str | None = None, cache_compute: str = "exact", num_heads: int = 1
+) -> GluonDecodePlan:
     """cache_dtype: the spec's cache dtype, None for the spec's dtype (16-bit). A scaled (fp8) cache's rows are
-    converted into 16-bit stages by the producer."""
+    converted into 16-bit stages by the producer, or (cache_compute fp8, where the geometry takes it: the narrow
+    form, fp8_products_narrow_only) multiplied as e4m3 by the tensor cores. num_heads: query heads (only
+    cache_compute fp8 reads it)."""
     convert = cache_dtype is not None and cache_format(cache_dtype).scaled
     block_m = block_n = 64
     dc_half = dc // 2
@@ -331,6 +414,9 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
     fixed_bytes = block_m * (dc + dr) * 2 + block_m * dc * 4 * 2  # query in; partial out and back in
     # (fp8 only: a 16-bit cache lands nothing)
     land_ring_slots = _gluon_land_ring_slots(dc, dr, block_m, block_n, land_pieces) if smem_pieces else 1
+    fp8_compute, fp8_reason, fp8_slots = _gluon_fp8_compute(
+        dc, dr, num_heads, block_m, block_n, convert, cache_compute, not reasons
+    )
     return GluonDecodePlan(
         eligible=not reasons,
         reason="; ".join(reasons),
@@ -368,6 +454,11 @@ def lower_gluon_decode(dc: int, dr: int, cache_dtype: str | None = None) -> Gluo
         min_blocks_per_part=max(1, math.ceil(SPLIT_OVERHEAD_FACTOR * fixed_bytes / (block_n * (dc + dr) * 2))),
         verified_triton=GLUON_VERIFIED_TRITON,
         space=tuple((block_n, regs, s) for regs in GLUON_CONSUMER_REGS for s in fitting) if not reasons else (),
+        fp8_compute=fp8_compute,
+        fp8_compute_reason=fp8_reason,
+        fp8_land_slots=fp8_slots,
+        fp8_convert_regs=FP8_CONVERT_REGS if fp8_compute else 0,
+        fp8_query_terms=FP8_QUERY_TERMS if fp8_compute else 0,
     )
 
 
@@ -528,6 +619,8 @@ class KernelPlan:
     softmax_scale: float
     #: kind name -> its plan, for every kind the module holds (see KERNEL_KINDS), in table order
     kernels: dict[str, Any]
+    #: the spec's cache_compute: exact, or fp8 (e4m3 products where the Gluon decode takes them: decode.gluon)
+    cache_compute: str = "exact"
 
     # the kinds' plans by name: what the templates and the tuner read
     @property
@@ -569,12 +662,31 @@ class KernelPlan:
                 )
             landing += "; else loaded row by row"
             converted = f" ({self.spec.cache_dtype} cache converted to float16 in shared memory; {landing})"
+            if gluon.fp8_compute:
+                converted = (
+                    f" ({self.spec.cache_dtype} cache, cache_compute fp8: e4m3 tensor-core products, the query"
+                    " quantised to e4m3 with a scale a row and P to e4m3, where pages hold whole blocks and the"
+                    f" cache is one matrix TMA can box: the query as {gluon.fp8_query_terms} e4m3 term(s),"
+                    f" {gluon.fp8_land_slots} blocks landed at a time, V read from them into the P V's registers,"
+                    f" {gluon.block_n}-position blocks (no short or long blocks), in the narrow form only (Sq * H <="
+                    f" {gluon.narrow_rows}); other launches the exact path: {self.spec.cache_dtype}"
+                    f" cache converted to float16 in shared memory; {landing})"
+                )
             dec["backend"] = (
                 f"gluon{converted if gluon.convert_cache else ''} on compute capability 9.x with triton {verified}, "
                 "else triton"
                 if gluon.eligible
                 else f"triton (not gluon: {gluon.reason})"
             )
+            if self.spec.cache_compute == "fp8":
+                # (the portable kernel, and so the interpreter, has no fp8 products)
+                dec["cache_compute"] = (
+                    f"fp8 on the Gluon decode where Sq * H <= {gluon.narrow_rows} (the narrow form, where the products"
+                    " beat the exact path on the H200: docs/performance-log.md), exact elsewhere (see backend); the"
+                    " portable Triton kernel keeps the exact path"
+                    if gluon.fp8_compute
+                    else f"exact everywhere (fp8 products not taken: {gluon.fp8_compute_reason})"
+                )
             out["decode"] = dec
         if self.prefill is not None:
             pre = asdict(self.prefill)
@@ -747,7 +859,7 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
         space=space,
         defaults=defaults,
         interpreter=TileConfig(block_n=16, num_warps=4, num_stages=1),
-        gluon=lower_gluon_decode(dc, dr, spec.cache_dtype),
+        gluon=lower_gluon_decode(dc, dr, spec.cache_dtype, spec.cache_compute, spec.num_heads),
     )
 
 
@@ -987,4 +1099,5 @@ def lower(spec: MLASpec) -> KernelPlan:
         page_size=spec.page_size,
         softmax_scale=softmax_scale_of(spec),
         kernels=plans,
+        cache_compute=spec.cache_compute,
     )

@@ -1352,6 +1352,8 @@ class DecodeSchedule:
         "sequence_runs",
         "narrow",
         "land_slots",
+        "fp8_compute",
+        "fp8_compute_reason",
         "partial_dtype",
         "keep_partials",
         "block_b",
@@ -1390,6 +1392,8 @@ class DecodeSchedule:
         partial_dtype=torch.float32,
         keep_partials=False,
         land_slots=1,
+        fp8_compute=False,
+        fp8_compute_reason="",
     ):
         m = self._module
         self.spec_hash = m.SPEC_HASH
@@ -1410,6 +1414,12 @@ class DecodeSchedule:
         #: (Gluon, fp8 cache, the landing producer) blocks landing at a time: more than 1, a ring of its own beside
         #: the query tile (see gluon_land_ring)
         self.land_slots = land_slots
+        #: (Gluon, cache_compute fp8) the launch multiplies e4m3 operands (_mla_decode_gluon_fp8_kernel) where TMA
+        #: boxes the cache's blocks (else the exact kernel); see gluon_fp8_compute
+        self.fp8_compute = fp8_compute
+        #: (cache_compute fp8) why this schedule takes the exact path ('' where it takes the products, and for a
+        #: module without them)
+        self.fp8_compute_reason = fp8_compute_reason
         #: dtype of the workspace's partial rows: float32, or the output's dtype (see decode_partials_in_dtype)
         self.partial_dtype = partial_dtype
         #: the split kernels store partial rows L2 evict-last and the combine reads them evict-first (see
@@ -1495,6 +1505,7 @@ class DecodeSchedule:
             f"block_m={self.block_m}, "
             f"num_parts={self.num_parts}, min_blocks_per_part={self.min_blocks_per_part}, "
             f"sequence_runs={self.sequence_runs}, narrow={self.narrow}, land_slots={self.land_slots}, "
+            f"fp8_compute={self.fp8_compute}, fp8_compute_reason={self.fp8_compute_reason!r}, "
             f"partial_dtype={self.partial_dtype}, "
             f"keep_partials={self.keep_partials}, "
             f"config={self.config}, merge={self.merge!r}, pdl={self.pdl})"
@@ -1555,6 +1566,7 @@ def get_decode_schedule(
     config_given, config_name = config is not None, "config" if tuned is None else "tuned"
     if tuned is not None:
         config = tuned
+    fp8_compute, fp8_compute_reason = False, ""
     if chosen == "gluon":
         block_m, small = m.DECODE_GLUON_BLOCK_M, False
         parts_per_sm = m.DECODE_GLUON_PARTS_PER_SM
@@ -1567,6 +1579,7 @@ def get_decode_schedule(
         )
         config = tuple(config)
         narrow = gluon_narrow_rows(rows, m.DECODE_GLUON_NARROW_ROWS)
+        fp8_compute, fp8_compute_reason = gluon_fp8_compute(m, config_given, rows, narrow)
         tall_rows = not narrow  # query rows as the MMAs' M (see decode_sequence_runs)
         slots, fewest_blocks = gluon_small_batch_schedule(
             sm_count,
@@ -1589,6 +1602,8 @@ def get_decode_schedule(
         _check(block_m in m.DECODE_SPACE, "block_m", f"must be one of {sorted(m.DECODE_SPACE)}, got {block_m!r}")
         parts_per_sm, cost_table, slots = m.DECODE_PARTS_PER_SM, m.DECODE_MIN_BLOCKS_PER_PART, sm_count
         narrow, tall_rows = 0, False
+        if getattr(m, "DECODE_GLUON_FP8_COMPUTE", False):
+            fp8_compute_reason = "the portable Triton kernel has no fp8 products"
         if config is None and (m._INTERPRET or device.type != "cuda"):
             config = m.DECODE_INTERPRETER_CONFIG
         elif config is None:
@@ -1604,7 +1619,13 @@ def get_decode_schedule(
         align_runs=chosen == "gluon",
     )
     land_slots = 1
-    if chosen == "gluon":
+    if fp8_compute:
+        # the plan's blocks and landing slots (no short, long or ring choices: gluon_blocks); the plan's stages for
+        # the exact kernel, should a launch's cache be one TMA cannot box (decode_gluon_split)
+        config = (m.DECODE_GLUON_BLOCK_N, config[1], m.DECODE_GLUON_STAGES)
+        land_slots = m.DECODE_GLUON_FP8_LAND_SLOTS
+        cost_table = {(block_m, config[0]): fewest_blocks}
+    elif chosen == "gluon":
         config, fewest_blocks, land_slots = gluon_blocks(
             config,
             fewest_blocks=fewest_blocks,
@@ -1660,6 +1681,8 @@ def get_decode_schedule(
         partial_dtype,
         decode_keep_partials(),
         land_slots,
+        fp8_compute,
+        fp8_compute_reason,
     )
 
 
@@ -2123,10 +2146,72 @@ def gluon_launch_descriptors(m, q_rows, kv_cache, producer, block_n=None, full_q
     return q_desc_c, q_desc_r, q_desc_c, q_desc_r
 
 
+def gluon_fp8_compute(m, config_given, query_rows, narrow):
+    """(taken, why not) of the fp8 products for a Gluon decode schedule of Sq * H = query_rows: taken where the spec
+    asks for cache_compute fp8 and the plan takes it for this geometry (the module's DECODE_GLUON_FP8_COMPUTE),
+    the launch is in the narrow form (narrow: its N, 0 where rows are the MMAs' M), pages hold whole blocks, and
+    the caller did not force a tile (config=: the exact kernel streams it as given); else the exact path, and why
+    ('' for a module without the products). The narrow form only: there the products beat the exact fp8 path on
+    the H200, with rows as the MMAs' M they lost to it (plan.FP8_NARROW_DC; docs/performance-log.md)."""
+    if not getattr(m, "DECODE_GLUON_FP8_COMPUTE", False):
+        return False, ""
+    if not narrow:
+        return False, (
+            f"Sq * H = {query_rows} query rows > {m.DECODE_GLUON_NARROW_ROWS}: the fp8 products run only in the narrow"
+            " form, where they beat the exact path on the H200 (docs/performance-log.md)"
+        )
+    if m.PAGE_SIZE < m.DECODE_GLUON_BLOCK_N:
+        return False, f"pages of {m.PAGE_SIZE} positions hold no whole {m.DECODE_GLUON_BLOCK_N}-position block"
+    if config_given:
+        return False, "config= forces the exact kernel's tile"
+    return True, ""
+
+
+def gluon_fp8_descriptors(m, cache_rows):
+    """The fp8 products' TMA descriptors of the cache seen as [pages * page_size, Dc + Dr]: [block_n, 64] latent
+    boxes and [block_n, RW] rope boxes, in the layouts the e4m3 MMAs read them in."""
+    width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
+    shape, block_n = [cache_rows.shape[0], width], m.DECODE_GLUON_BLOCK_N
+    return (
+        m.GluonTensorDescriptor(cache_rows, shape, [width, 1], [block_n, 64], m._GLUON_F8_LAYOUT_C),
+        m.GluonTensorDescriptor(cache_rows, shape, [width, 1], [block_n, m._GLUON_LAND_RW], m._GLUON_F8_LAYOUT_R),
+    )
+
+
+def decode_gluon_fp8(m, inputs, workspace, scale, schedule, causal, empty_lse, q_rows):
+    """The launch of the fp8 products' kernel (a schedule with fp8_compute, a cache TMA can box)."""
+    q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
+    o_part, lse_part, counters = workspace
+    kv_desc_c, kv_desc_r = gluon_fp8_descriptors(m, kv_cache.view(-1, m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM))
+    # the kernel reads the query's rows by address (row r at Q + r * (Dc + Dr)): the call's own tensor where its rows
+    # are so (a prepared launch then takes a later call's), else q_rows, a contiguous copy
+    q_arg = q if q.is_contiguous() else q_rows
+    # fmt: off
+    return _PreparedLaunch(
+        m._mla_decode_gluon_fp8_kernel, (schedule.row_blocks, schedule.num_parts), inputs, workspace,
+        (q_arg, kv_desc_c, kv_desc_r, kv_cache, block_table, cache_seqlens, out, lse, o_part, lse_part, counters,
+         kv_scale, scale * LOG2E, q.shape[0], schedule.num_parts, max(1, schedule.min_blocks_per_part),
+         block_table.stride(0), *_decode_output_strides(out, lse, o_part)),
+        dict(SQ=q.shape[1], H=m.NUM_HEADS, DC=m.KV_LORA_RANK, DR=m.QK_ROPE_HEAD_DIM, DC_HALF=m.DECODE_GLUON_DC_HALF,
+             PAGE_SIZE=m.PAGE_SIZE, BLOCK_M=m.DECODE_GLUON_BLOCK_M, BLOCK_N=m.DECODE_GLUON_BLOCK_N,
+             BLOCK_B=schedule.block_b, SLOTS=m.DECODE_GLUON_FP8_LAND_SLOTS,
+             CONVERT_WARPS=m.DECODE_GLUON_NARROW_LAND_WARPS, CONVERT_REGS=m.DECODE_GLUON_FP8_CONVERT_REGS,
+             CONSUMER_REGS=schedule.config[1], ISSUER_REGS=m.DECODE_GLUON_PRODUCER_REGS,
+             QUERY_SLICE=4 * m.DECODE_GLUON_NARROW_LAND_WARPS,
+             Q_TERMS=m.DECODE_GLUON_FP8_QUERY_TERMS, NARROW=schedule.narrow,
+             LN2=m._LN2.value, FUSED_MERGE=schedule.merge == "fused", MERGE_FANIN=m.DECODE_MERGE_FANIN,
+             MERGE_LEVELS=m.DECODE_MERGE_LEVELS, MERGE_BLOCK_C=m.DECODE_MERGE_BLOCK_C,
+             SEQUENCE_RUNS=schedule.sequence_runs, PARTIAL_STORE=_PARTIAL_EVICTION[schedule.keep_partials][0],
+             CAUSAL=causal, EMPTY_INF=empty_lse > 0),
+        num_warps=4,
+    )
+    # fmt: on
+
+
 def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse):
     """The Gluon split kernel's launch: same slots, outputs and fused merge as decode_triton_split. kv_scale
     among the inputs: None, or the fp8 cache's float32 [1] scale tensor (a converting producer then fills the
-    stages)."""
+    stages; or, schedule.fp8_compute where TMA boxes the cache's blocks, the fp8 products' kernel)."""
     q, kv_cache, block_table, cache_seqlens, out, lse, kv_scale = inputs
     o_part, lse_part, counters = workspace
     width = m.KV_LORA_RANK + m.QK_ROPE_HEAD_DIM
@@ -2135,8 +2220,14 @@ def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse)
     if q_rows.data_ptr() % 16 or not q_rows.is_contiguous():
         q_rows = q_rows.clone()  # (a copy per call: such a launch is not reusable)
     block_n = schedule.config[0]
+    stages, land_slots = schedule.config[2], schedule.land_slots
+    if schedule.fp8_compute:
+        if gluon_cache_boxes(m, kv_cache, block_n):
+            return decode_gluon_fp8(m, inputs, workspace, scale, schedule, causal, empty_lse, q_rows)
+        # (a cache TMA cannot box: the exact kernel, its rows loaded by the converting producer, on the plan's ring)
+        stages, land_slots = m.DECODE_GLUON_STAGES, 1
     producer, producer_warps, producer_regs = gluon_producer_kind(
-        m, kv_cache, seqlen_q * m.NUM_HEADS, schedule.narrow, block_n, schedule.land_slots
+        m, kv_cache, seqlen_q * m.NUM_HEADS, schedule.narrow, block_n, land_slots
     )
     # (more query rows than half the tile land only beside it, in the ring: gluon_producer_kind)
     full_query = producer == "land" and seqlen_q * m.NUM_HEADS > m.DECODE_GLUON_LAND_ROWS
@@ -2154,10 +2245,10 @@ def decode_gluon_split(m, inputs, workspace, scale, schedule, causal, empty_lse)
          *_decode_output_strides(out, lse, o_part)),
         dict(SQ=seqlen_q, H=m.NUM_HEADS, DC=m.KV_LORA_RANK, DR=m.QK_ROPE_HEAD_DIM, DC_HALF=m.DECODE_GLUON_DC_HALF,
              PAGE_SIZE=m.PAGE_SIZE, BLOCK_M=m.DECODE_GLUON_BLOCK_M, BLOCK_N=block_n, BLOCK_B=schedule.block_b,
-             STAGES=schedule.config[2], P_LAYOUT=m._GLUON_LAYOUT_P[block_n], PRODUCER=producer,
+             STAGES=stages, P_LAYOUT=m._GLUON_LAYOUT_P[block_n], PRODUCER=producer,
              ZERO_TAIL=producer in ("tma", "land"),
              LAND_PIECES=(m.DECODE_GLUON_LAND_FULL_QUERY_PIECES if full_query else m.DECODE_GLUON_LAND_PIECES)
-             if land else 1, FULL_QUERY=full_query, LAND_SLOTS=schedule.land_slots if land else 1,
+             if land else 1, FULL_QUERY=full_query, LAND_SLOTS=land_slots if land else 1,
              QUERY_SLICE=m.DECODE_GLUON_LAND_FULL_QUERY_SLICE if full_query else 0,
              PREFETCH_BLOCKS=producer == "convert" and gluon_cache_boxes(m, kv_cache, block_n),
              STAGE_DTYPE=m.gl.float16 if scaled else m._GLUON_DTYPE, PRODUCER_WARPS=producer_warps,

@@ -35,6 +35,7 @@ __all__ = [
     "SOFTMAX_SCALE_CALL_MAX",
     "SOFTMAX_SCALE_MAX",
     "SOFTMAX_SCALE_MIN",
+    "CacheCompute",
     "CacheDType",
     "DecodeTiles",
     "MLASpec",
@@ -54,6 +55,9 @@ DType = Literal["bfloat16", "float16"]
 #: what the latent cache may hold: the spec's dtype, or fp8 e4m3 (one scale per layer, given at the call); each
 #: value is a format of cache_format.CACHE_FORMATS (SCALED_CACHE_DTYPES: those that store latent / kv_scale)
 CacheDType = Literal["bfloat16", "float16", "float8_e4m3fn"]
+#: how the decode computes with a scaled (fp8) cache: "exact" widens the cache to 16 bits and multiplies as the
+#: 16-bit cache does; "fp8" multiplies e4m3 operands on the tensor cores (the Gluon decode on 9.x only)
+CacheCompute = Literal["exact", "fp8"]
 assert set(get_args(CacheDType)) == set(CACHE_FORMATS), "CacheDType names every cache format"
 
 
@@ -204,6 +208,13 @@ class MLASpec(_Frozen):
         description="dtype of the latent cache: null or the spec's dtype (the default), or float8_e4m3fn, stored "
         "as fp8(latent / kv_scale) with one float32 scale per layer passed at every call",
     )
+    cache_compute: CacheCompute = Field(
+        default="exact",
+        description="how the decode multiplies with an fp8 cache: exact (the default: the cache widened to 16 bits, "
+        "16-bit products) or fp8 (e4m3 tensor-core products: the query quantised to e4m3 with a scale per row, P "
+        "to e4m3; less exact), fp8 only with cache_dtype float8_e4m3fn and used only by the Gluon decode on compute "
+        "capability 9.x (the portable Triton kernel, the interpreter included, keeps the exact path)",
+    )
     page_size: StrictInt = Field(default=64, description="tokens per cache page, a power of two in 1..256")
     softmax_scale: StrictFloat | None = Field(
         default=None,
@@ -272,6 +283,17 @@ class MLASpec(_Frozen):
             )
         return value
 
+    @field_validator("cache_compute")
+    @classmethod
+    def _cache_compute(cls, value: str, info: Any) -> str:
+        cache_dtype = info.data.get("cache_dtype")  # validated before (declared first); absent when it was invalid
+        if value != "exact" and cache_dtype is not None and not CACHE_FORMATS[cache_dtype].scaled:
+            raise ValueError(
+                f"cache_compute={value} is not allowed with cache_dtype={cache_dtype}: must be exact, or give "
+                f"cache_dtype one of {', '.join(SCALED_CACHE_DTYPES)}"
+            )
+        return value
+
     @field_validator("kernels")
     @classmethod
     def _kernels(cls, value: tuple[str, ...]) -> tuple[str, ...]:
@@ -327,8 +349,13 @@ class MLASpec(_Frozen):
 
     # ---- identity -------------------------------------------------------------------------------
     def to_flat_dict(self) -> dict[str, Any]:
-        """The spec as plain JSON-able data with the YAML's keys (what generated modules expose as SPEC)."""
-        return self.model_dump(mode="json", by_alias=False)
+        """The spec as plain JSON-able data with the YAML's keys (what generated modules expose as SPEC).
+        cache_compute is left out where it is its default, exact: a spec's hash (and its module) is the one it
+        had before the field existed."""
+        data = self.model_dump(mode="json", by_alias=False)
+        if data["cache_compute"] == "exact":
+            del data["cache_compute"]
+        return data
 
     def canonical_json(self) -> str:
         """Key order, comments and whitespace of the YAML do not change this string; values do."""
