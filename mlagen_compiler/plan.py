@@ -325,10 +325,9 @@ GLUON_DEFAULT_CONSUMER_REGS = 168
 FP8_LAND_SLOTS = 2
 #: ... and the only latent width they take: the narrow form reads each warpgroup's half of V (Dc / 2 = 256
 #: columns) as 4 landed 64-column boxes. The products run only in the narrow form (Sq * H <= NARROW_ROWS query
-#: rows as the MMAs' N): there they beat the exact fp8 path on the H200 (DeepSeek H16 B128 S8192: 181.0 µs
-#: against 222.0, H16 B64 S32768: 350.7 against 423.4), and with rows as the MMAs' M (the wide form, since
-#: removed) they lost to it (H128 B128 S8192: 654.1 against 592.8; Mistral-Small-4 H32: 180.7 against 166.3).
-#: Evidence: performance log, "The one-warpgroup prefill measured" (2026-11-29), item 3
+#: rows as the MMAs' N), where they beat the exact fp8 path; with rows as the MMAs' M (the wide form, since
+#: removed) they lost to it. Evidence: performance log, "The fp8 products' narrow form landed, two prefill
+#: schedules measured", items 3 and 5
 FP8_NARROW_DC = 512
 #: ... and the e4m3 terms of the query (1: hi = e4m3(q / scale); 2: hi + lo, lo = e4m3(q / scale - hi), both
 #: multiplied by K, twice the Q K^T products). 2: an emulation of the kernel's rounding in float64 (N(0, 1) query
