@@ -209,6 +209,25 @@ def v3_spec(num_heads: int) -> str:
     return f"deepseek-v3-tp{128 // num_heads}"
 
 
+def add_fixed_case_arguments(parser: argparse.ArgumentParser, spec: str = "deepseek-v3-tp8") -> None:
+    """The options of one decode case of equal lengths (the probes'): --spec, --heads (the spec's by default),
+    --batch, --seqlen, --seqlen-q, --cache; read back by fixed_case."""
+    parser.add_argument("--spec", default=spec)
+    parser.add_argument("--heads", type=int, default=None)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--seqlen", type=int, default=8192)
+    parser.add_argument("--seqlen-q", type=int, default=1)
+    parser.add_argument("--cache", choices=sorted(CACHES), default="bf16")
+
+
+def fixed_case(args: argparse.Namespace, tmp: Path):
+    """(module, lens, (q, kv, table, lens, kv_scale)) of add_fixed_case_arguments' case: the module compiled under
+    tmp, fresh random inputs (make_inputs) of args.batch sequences of args.seqlen."""
+    module = module_for(args.spec, args.heads or resolve_spec(args.spec).num_heads, tmp, args.cache)
+    lens = [args.seqlen] * args.batch
+    return module, lens, make_inputs(module, lens, args.seqlen_q, torch.Generator().manual_seed(1))
+
+
 def make_inputs(module, seqlens: list[int], seqlen_q: int, gen: torch.Generator, device="cuda"):
     """Random bf16 data (never zeros) and a shuffled page table with every page distinct: (q, kv, table,
     lens, kv_scale), on `device`. An fp8 cache holds bf16 latent rows quantised with kv_scale = max |value| / 448

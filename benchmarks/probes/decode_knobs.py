@@ -52,23 +52,13 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default="deepseek-v3-tp8")
-    parser.add_argument("--heads", type=int, default=None)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--seqlen", type=int, default=8192)
-    parser.add_argument("--seqlen-q", type=int, default=1)
-    parser.add_argument("--cache", choices=sorted(bd.CACHES), default="bf16")
+    bd.add_fixed_case_arguments(parser)
     parser.add_argument("--in-l2", action="store_true")
     parser.add_argument("--variant", action="append", default=[])
     args = parser.parse_args()
     variants = [("auto", {}, {})] + [parse_variant(v) for v in args.variant]
 
-    tmp = Path(tempfile.mkdtemp())
-    spec = bd.resolve_spec(args.spec)
-    module = bd.module_for(args.spec, args.heads or spec.num_heads, tmp, args.cache)
-    gen = torch.Generator().manual_seed(1)
-    lens = [args.seqlen] * args.batch
-    q, kv, table, seqlens, kv_scale = bd.make_inputs(module, lens, args.seqlen_q, gen)
+    module, lens, (q, kv, table, seqlens, kv_scale) = bd.fixed_case(args, Path(tempfile.mkdtemp()))
     if args.in_l2:
         table = table[:1].expand_as(table).contiguous()
     inputs = (q, kv, table, seqlens, kv_scale)

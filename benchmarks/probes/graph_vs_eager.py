@@ -80,23 +80,13 @@ class ClockSampler:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", default="deepseek-v3-tp1")
-    parser.add_argument("--heads", type=int, default=None)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--seqlen", type=int, default=8192)
-    parser.add_argument("--seqlen-q", type=int, default=1)
-    parser.add_argument("--cache", choices=sorted(bd.CACHES), default="bf16")
+    bd.add_fixed_case_arguments(parser, spec="deepseek-v3-tp1")
     parser.add_argument("--calls", type=int, default=1000, help="calls a mode a round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--gap-ms", type=float, default=2.0)
     args = parser.parse_args()
 
-    tmp = Path(tempfile.mkdtemp())
-    spec = bd.resolve_spec(args.spec)
-    module = bd.module_for(args.spec, args.heads or spec.num_heads, tmp, args.cache)
-    gen = torch.Generator().manual_seed(1)
-    lens = [args.seqlen] * args.batch
-    q, kv, table, seqlens, kv_scale = bd.make_inputs(module, lens, args.seqlen_q, gen)
+    module, _, (q, kv, table, seqlens, kv_scale) = bd.fixed_case(args, Path(tempfile.mkdtemp()))
     sched = module.get_decode_schedule(args.batch, args.seqlen_q, q.device)
     out = torch.empty(*q.shape[:3], module.KV_LORA_RANK, dtype=q.dtype, device=q.device)
     lse = torch.empty(q.shape[0], module.NUM_HEADS, q.shape[1], dtype=torch.float32, device=q.device)
