@@ -222,8 +222,8 @@ class GluonDecodePlan:
     #: the spec's cache_compute is fp8 and this geometry takes it: e4m3 tensor-core products (the query quantised
     #: to e4m3 a row at a time, K read straight from the landed fp8 block, P in e4m3, V read from the landed block
     #: into the P V's registers) in the narrow form only (Sq * H <= narrow_rows, Dc 512: FP8_NARROW_DC), with
-    #: block_n-position blocks (no short or long blocks), fp8_land_slots blocks landing at a time; launches past
-    #: narrow_rows, and those whose pages or cache layout TMA cannot box, take the exact path
+    #: block_n-position blocks (no short or long blocks; pages hold whole blocks), fp8_land_slots blocks landing at a
+    #: time; launches past narrow_rows, and those whose cache layout TMA cannot box, take the exact path
     #: (runtime.gluon_fp8_compute)
     fp8_compute: bool = False
     #: why cache_compute fp8 is not taken ('' when it is, or was not asked for)
@@ -349,15 +349,18 @@ def _gluon_fp8_smem_bytes(
     return data + 3 * block_m * 4 + 8 * (2 * slots + 6)
 
 
-def fp8_products_narrow_only(num_heads: int, dc: int) -> str:
+def fp8_products_narrow_only(num_heads: int, dc: int, page_size: int, block_n: int) -> str:
     """Why cache_compute fp8 never runs for this geometry ('' where it can: H <= NARROW_ROWS and Dc =
-    FP8_NARROW_DC, the narrow form at Sq * H <= NARROW_ROWS)."""
+    FP8_NARROW_DC, the narrow form at Sq * H <= NARROW_ROWS, and pages holding whole block_n-position blocks, which
+    the products' TMA boxes land)."""
     where = f"they run only in the narrow form (Sq * H <= {NARROW_ROWS}, Dc {FP8_NARROW_DC})"
     evidence = "the wide form lost to the exact path on the H200 (docs/performance-log.md)"
     if dc != FP8_NARROW_DC:
         return f"Dc = {dc}: {where}; {evidence}"
     if num_heads > NARROW_ROWS:
         return f"H = {num_heads} > {NARROW_ROWS} query rows: {where}; {evidence}"
+    if page_size < block_n:
+        return f"pages of {page_size} positions hold no whole {block_n}-position block (the products land whole blocks)"
     return ""
 
 
@@ -365,6 +368,7 @@ def _gluon_fp8_compute(
     dc: int,
     dr: int,
     num_heads: int,
+    page_size: int,
     block_m: int,
     block_n: int,
     convert: bool,
@@ -376,7 +380,7 @@ def _gluon_fp8_compute(
         return False, "", 0
     if not eligible:
         return False, "the Gluon decode does not take this geometry", 0
-    narrow_only = fp8_products_narrow_only(num_heads, dc)
+    narrow_only = fp8_products_narrow_only(num_heads, dc, page_size, block_n)
     if narrow_only:
         return False, narrow_only, 0
     need = _gluon_fp8_smem_bytes(dc, dr, FP8_LAND_SLOTS, block_m, block_n)
@@ -386,12 +390,17 @@ def _gluon_fp8_compute(
 
 
 def lower_gluon_decode(
-    dc: int, dr: int, cache_dtype: str | None = None, cache_compute: str = "exact", num_heads: int = 1
+    dc: int,
+    dr: int,
+    cache_dtype: str | None = None,
+    cache_compute: str = "exact",
+    num_heads: int = 1,
+    page_size: int = 64,
 ) -> GluonDecodePlan:
     """cache_dtype: the spec's cache dtype, None for the spec's dtype (16-bit). A scaled (fp8) cache's rows are
     converted into 16-bit stages by the producer, or (cache_compute fp8, where the geometry takes it: the narrow
-    form, fp8_products_narrow_only) multiplied as e4m3 by the tensor cores. num_heads: query heads (only
-    cache_compute fp8 reads it)."""
+    form, fp8_products_narrow_only) multiplied as e4m3 by the tensor cores. num_heads, page_size: the spec's (only
+    cache_compute fp8 reads them)."""
     convert = cache_dtype is not None and cache_format(cache_dtype).scaled
     block_m = block_n = 64
     dc_half = dc // 2
@@ -414,7 +423,7 @@ def lower_gluon_decode(
     # (fp8 only: a 16-bit cache lands nothing)
     land_ring_slots = _gluon_land_ring_slots(dc, dr, block_m, block_n, land_pieces) if smem_pieces else 1
     fp8_compute, fp8_reason, fp8_slots = _gluon_fp8_compute(
-        dc, dr, num_heads, block_m, block_n, convert, cache_compute, not reasons
+        dc, dr, num_heads, page_size, block_m, block_n, convert, cache_compute, not reasons
     )
     return GluonDecodePlan(
         eligible=not reasons,
@@ -618,8 +627,12 @@ class KernelPlan:
     softmax_scale: float
     #: kind name -> its plan, for every kind the module holds (see KERNEL_KINDS), in table order
     kernels: dict[str, Any]
-    #: the spec's cache_compute: exact, or fp8 (e4m3 products where the Gluon decode takes them: decode.gluon)
-    cache_compute: str = "exact"
+
+    @property
+    def cache_compute(self) -> str:
+        """The spec's cache_compute: exact, or fp8 (e4m3 products where the Gluon decode takes them:
+        decode.gluon)."""
+        return self.spec.cache_compute
 
     # the kinds' plans by name: what the templates and the tuner read
     @property
@@ -638,6 +651,7 @@ class KernelPlan:
         """The plan as plain data (what `mlagen show` prints)."""
         out = {k: v for k, v in asdict(self).items() if k not in ("spec", "kernels")}
         out["kernels"] = list(self.kernels)
+        out["cache_compute"] = self.cache_compute
         for name, kind_plan in self.kernels.items():
             if name not in ("decode", "prefill"):
                 out[name] = asdict(kind_plan)
@@ -858,7 +872,7 @@ def lower_decode(spec: MLASpec) -> DecodePlan:
         space=space,
         defaults=defaults,
         interpreter=TileConfig(block_n=16, num_warps=4, num_stages=1),
-        gluon=lower_gluon_decode(dc, dr, spec.cache_dtype, spec.cache_compute, spec.num_heads),
+        gluon=lower_gluon_decode(dc, dr, spec.cache_dtype, spec.cache_compute, spec.num_heads, spec.page_size),
     )
 
 
@@ -1098,5 +1112,4 @@ def lower(spec: MLASpec) -> KernelPlan:
         page_size=spec.page_size,
         softmax_scale=softmax_scale_of(spec),
         kernels=plans,
-        cache_compute=spec.cache_compute,
     )

@@ -1396,6 +1396,12 @@ class DecodeSchedule:
         fp8_compute_reason="",
     ):
         m = self._module
+        _check(
+            not fp8_compute or (getattr(m, "DECODE_GLUON_FP8_COMPUTE", False) and backend == "gluon" and narrow > 0),
+            "fp8_compute",
+            "True only for a Gluon schedule in the narrow form (narrow > 0) of a module with cache_compute fp8's"
+            f" products, got backend={backend!r}, narrow={narrow!r} (use get_decode_schedule)",
+        )
         self.spec_hash = m.SPEC_HASH
         self.batch_size = batch_size
         self.seqlen_q = seqlen_q
@@ -2149,8 +2155,8 @@ def gluon_launch_descriptors(m, q_rows, kv_cache, producer, block_n=None, full_q
 def gluon_fp8_compute(m, config_given, query_rows, narrow):
     """(taken, why not) of the fp8 products for a Gluon decode schedule of Sq * H = query_rows: taken where the spec
     asks for cache_compute fp8 and the plan takes it for this geometry (the module's DECODE_GLUON_FP8_COMPUTE),
-    the launch is in the narrow form (narrow: its N, 0 where rows are the MMAs' M), pages hold whole blocks, and
-    the caller did not force a tile (config=: the exact kernel streams it as given); else the exact path, and why
+    the launch is in the narrow form (narrow: its N, 0 where rows are the MMAs' M), and the caller did not force a
+    tile (config=: the exact kernel streams it as given); else the exact path, and why
     ('' for a module without the products). The narrow form only: there the products beat the exact fp8 path on
     the H200, with rows as the MMAs' M they lost to it (plan.FP8_NARROW_DC; docs/performance-log.md)."""
     if not getattr(m, "DECODE_GLUON_FP8_COMPUTE", False):
@@ -2160,8 +2166,6 @@ def gluon_fp8_compute(m, config_given, query_rows, narrow):
             f"Sq * H = {query_rows} query rows > {m.DECODE_GLUON_NARROW_ROWS}: the fp8 products run only in the narrow"
             " form, where they beat the exact path on the H200 (docs/performance-log.md)"
         )
-    if m.PAGE_SIZE < m.DECODE_GLUON_BLOCK_N:
-        return False, f"pages of {m.PAGE_SIZE} positions hold no whole {m.DECODE_GLUON_BLOCK_N}-position block"
     if config_given:
         return False, "config= forces the exact kernel's tile"
     return True, ""

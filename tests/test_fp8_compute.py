@@ -186,10 +186,14 @@ def test_the_schedule_takes_the_fp8_products_in_the_narrow_form_only(tmp_path):
     assert not taken and "config=" in why, why
     exact = import_source(module_source(resolve_spec("deepseek-v3-tp8-fp8")), tmp_path, "exact")
     assert route(1, m=exact) == (False, "")
-    # pages smaller than a block: TMA cannot box them, the exact kernel runs
-    small_pages = import_source(module_source(fp8_spec(page_size=16, cache_compute="fp8")), tmp_path, "pages16")
+    # pages smaller than a block: TMA cannot box them, so the plan takes no products (it says why) and every launch
+    # runs the exact kernel
+    small_spec = fp8_spec(page_size=16, cache_compute="fp8")
+    small_pages = import_source(module_source(small_spec), tmp_path, "pages16")
     taken, why = route(1, m=small_pages)
-    assert not taken and "pages of 16 positions" in why, why
+    assert not taken and not hasattr(small_pages, "_mla_decode_gluon_fp8_kernel"), why
+    line = lower(small_spec).summary()["decode"]["cache_compute"]
+    assert line.startswith("exact everywhere") and "pages of 16 positions" in line, line
     # the portable kernel (the interpreter, or a CPU device): exact, and the schedule says why
     schedule = module.get_decode_schedule(2, 1, torch.device("cpu"))
     assert schedule.backend == "triton" and not schedule.fp8_compute
@@ -500,6 +504,20 @@ def test_fp8_compute_past_the_narrow_form_runs_the_exact_path(build_module, devi
     torch.cuda.synchronize()
     assert torch.isfinite(got).all()
     assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+
+
+def test_a_schedule_built_by_hand_takes_the_fp8_products_only_where_they_run(tmp_path):
+    """DecodeSchedule(fp8_compute=True) outside the narrow form, on the portable backend or for a module without
+    the products is a one-line ValueError naming fp8_compute, not a launch of a kernel that is not there."""
+    mma = import_source(module_source(with_fp8_compute(resolve_spec("deepseek-v3-tp8-fp8"))), tmp_path, "mma")
+    exact = import_source(module_source(resolve_spec("deepseek-v3-tp8-fp8")), tmp_path, "exact")
+    for module, backend, narrow in ((mma, "gluon", 0), (mma, "triton", 16), (exact, "gluon", 16)):
+        with pytest.raises(ValueError, match=r"^fp8_compute: ") as error:
+            module.DecodeSchedule(
+                2, 1, module.DECODE_GLUON_BLOCK_M, 8, 1, module.DECODE_GLUON_DEFAULT, 132, backend=backend,
+                narrow=narrow, fp8_compute=True,
+            )  # fmt: skip
+        assert "\n" not in str(error.value) and f"backend={backend!r}" in str(error.value)
 
 
 def _launch_for(module, kv_cache, seqlen_q=1, narrow=16):

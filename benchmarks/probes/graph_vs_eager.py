@@ -85,6 +85,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--gap-ms", type=float, default=2.0)
     args = parser.parse_args()
+    for name in ("calls", "rounds"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}: must be at least 1, got {getattr(args, name)}")
+    if not args.gap_ms > 0:
+        parser.error(f"--gap-ms: must be positive, got {args.gap_ms}")
 
     module, _, (q, kv, table, seqlens, kv_scale) = bd.fixed_case(args, Path(tempfile.mkdtemp()))
     sched = module.get_decode_schedule(args.batch, args.seqlen_q, q.device)
