@@ -20,6 +20,9 @@ __all__ = [
     "PrefillCase",
     "compare",
     "compare_with_lse",
+    "compare_fp8_compute",
+    "FP8_COMPUTE_REL_NORM",
+    "FP8_COMPUTE_LSE_ATOL",
     "cu_seqlens",
     "decode_cases",
     "make_decode_inputs",
@@ -243,6 +246,41 @@ def compare_with_lse(out, lse, ref_out, ref_lse, dtype_name: str) -> tuple[float
     return max_err, rel, message
 
 
+#: the fp8 products' bound (cache_compute fp8), chosen before any run: the relative Frobenius error of the whole
+#: output, and the largest LSE error (natural log), against the float64 reference on the dequantised cache
+FP8_COMPUTE_REL_NORM = 0.05
+FP8_COMPUTE_LSE_ATOL = 0.05
+
+
+def compare_fp8_compute(out, lse, ref_out, ref_lse) -> tuple[float, float, str]:
+    """The fp8 products' (max abs error, relative norm error, '' or what is wrong): every element finite, the whole
+    output within FP8_COMPUTE_REL_NORM and every LSE within FP8_COMPUTE_LSE_ATOL."""
+    import torch
+
+    out64, ref64 = out.double().cpu(), ref_out.double().cpu()
+    lse64, ref_lse64 = lse.double().cpu(), ref_lse.double().cpu()
+    max_err = float((out64 - ref64).abs().nan_to_num(float("inf")).max())
+    rel = float((out64 - ref64).norm() / ref64.norm())
+    lse_err = float((lse64 - ref_lse64).abs().nan_to_num(float("inf")).max())
+    message = ""
+    if not (torch.isfinite(out64).all() and torch.isfinite(lse64).all()):
+        message = "fp8 products: a NaN / inf (or an unwritten element) in the output or LSE"
+    elif not rel <= FP8_COMPUTE_REL_NORM:
+        message = f"fp8 products: relative norm error {rel:.4f} > {FP8_COMPUTE_REL_NORM}"
+    elif not lse_err <= FP8_COMPUTE_LSE_ATOL:
+        message = f"fp8 products: max LSE error {lse_err:.4f} > {FP8_COMPUTE_LSE_ATOL}"
+    return max_err, rel, message
+
+
+def compare_decode(out, lse, ref_out, ref_lse, dtype_name: str, fp8_products: bool) -> tuple[float, float, str]:
+    """A decode call's outputs against the reference: by the fp8 products' bound (compare_fp8_compute) where the
+    launch multiplied e4m3 operands (its schedule's fp8_compute), else by its dtype's tolerances
+    (compare_with_lse)."""
+    if fp8_products:
+        return compare_fp8_compute(out, lse, ref_out, ref_lse)
+    return compare_with_lse(out, lse, ref_out, ref_lse, dtype_name)
+
+
 def decode_reference(
     module: ModuleType, inputs: dict[str, Any], softmax_scale: float | None = None, causal: bool = True
 ):
@@ -267,7 +305,9 @@ def run_decode_case(module: ModuleType, case: DecodeCase, generator, device) -> 
         len(case.seqlens), case.seqlen_q, device, num_parts=case.num_parts, min_blocks_per_part=case.min_blocks_per_part
     )
     out, lse = module.mla_decode(**inputs, return_lse=True, schedule=schedule)
-    max_err, rel, message = compare_with_lse(out, lse, *decode_reference(module, inputs), module.SPEC["dtype"])
+    max_err, rel, message = compare_decode(
+        out, lse, *decode_reference(module, inputs), module.SPEC["dtype"], getattr(schedule, "fp8_compute", False)
+    )
     # the kernel column names the backend that ran (gluon on Hopper where it applies, else triton)
     kernel = f"decode/{getattr(schedule, 'backend', 'triton')}"
     return CaseResult(module.SPEC["name"], kernel, case.name, max_err, rel, not message, message)

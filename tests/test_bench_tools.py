@@ -442,14 +442,16 @@ def test_before_after_refuses_a_label_twice(capsys):
 def test_bench_decode_checks_fp8_products_against_their_bound_and_selects_exact_names():
     import bench_decode
 
+    from mlagen_compiler.verify import compare_fp8_compute
+
     ref = torch.randn(2, 1, 4, 8, dtype=torch.float64)
     ref_lse = torch.randn(2, 4, 1, dtype=torch.float64)
-    assert bench_decode.check_fp8_compute(ref * 1.01, ref_lse + 0.01, ref, ref_lse)[2] == ""
-    assert "relative norm error" in bench_decode.check_fp8_compute(ref * 1.2, ref_lse, ref, ref_lse)[2]
-    assert "LSE error" in bench_decode.check_fp8_compute(ref, ref_lse + 0.1, ref, ref_lse)[2]
+    assert compare_fp8_compute(ref * 1.01, ref_lse + 0.01, ref, ref_lse)[2] == ""
+    assert "relative norm error" in compare_fp8_compute(ref * 1.2, ref_lse, ref, ref_lse)[2]
+    assert "LSE error" in compare_fp8_compute(ref, ref_lse + 0.1, ref, ref_lse)[2]
     poisoned = ref.clone()
     poisoned[0, 0, 0, 0] = float("nan")
-    assert "NaN" in bench_decode.check_fp8_compute(poisoned, ref_lse, ref, ref_lse)[2]
+    assert "NaN" in compare_fp8_compute(poisoned, ref_lse, ref, ref_lse)[2]
     assert bench_decode.CACHE_COMPUTE == {"fp8mma": "fp8", "fp8mma1": "fp8"}
     assert {"fp8mma", "fp8mma1"} <= set(bench_decode.CACHES)
     assert bench_decode.CACHE_OVERRIDES["fp8mma1"]["DECODE_GLUON_FP8_QUERY_TERMS"] == 1

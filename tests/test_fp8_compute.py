@@ -27,14 +27,17 @@ from mlagen_compiler.module_file import module_source
 from mlagen_compiler.plan import lower
 from mlagen_compiler.registry import registered_specs, resolve_spec
 from mlagen_compiler.spec import SpecError, spec_from_dict
-from mlagen_compiler.verify import decode_reference, make_decode_inputs, poison_unused_cache
+from mlagen_compiler.verify import (
+    FP8_COMPUTE_LSE_ATOL,
+    FP8_COMPUTE_REL_NORM,
+    compare_decode,
+    decode_reference,
+    make_decode_inputs,
+    poison_unused_cache,
+)
 
 FP8 = "float8_e4m3fn"
 ROOT = Path(__file__).resolve().parent.parent
-#: the bound of the fp8 products' decode against the float64 reference on the dequantised cache, chosen before
-#: any run: relative Frobenius error of each call's whole output, and the largest LSE error (natural log)
-FP8_COMPUTE_REL_NORM = 0.05
-FP8_COMPUTE_LSE_ATOL = 0.05
 
 
 def fp8_spec(**fields):
@@ -518,6 +521,21 @@ def test_a_schedule_built_by_hand_takes_the_fp8_products_only_where_they_run(tmp
                 narrow=narrow, fp8_compute=True,
             )  # fmt: skip
         assert "\n" not in str(error.value) and f"backend={backend!r}" in str(error.value)
+
+
+def test_mlagen_verify_judges_a_decode_by_the_products_bound_where_the_launch_ran_them():
+    """compare_decode (what `mlagen verify` judges a decode call by): a launch that ran the fp8 products by their
+    bound (FP8_COMPUTE_REL_NORM, FP8_COMPUTE_LSE_ATOL), any other by its dtype's tolerances. An output 3% off passes
+    the first and fails the second; 10% off fails both."""
+    g = torch.Generator().manual_seed(3)
+    ref, ref_lse = torch.randn(4, 1, 16, 512, generator=g).double(), torch.randn(4, 16, 1, generator=g).double()
+    noise = torch.randn(ref.shape, generator=g).double()
+    near = ref + 0.03 * noise * ref.norm() / noise.norm()
+    far = ref + 0.10 * noise * ref.norm() / noise.norm()
+    assert compare_decode(near, ref_lse, ref, ref_lse, "bfloat16", True)[2] == ""
+    assert compare_decode(near, ref_lse, ref, ref_lse, "bfloat16", False)[2] != ""
+    assert "relative norm error" in compare_decode(far, ref_lse, ref, ref_lse, "bfloat16", True)[2]
+    assert compare_decode(far, ref_lse, ref, ref_lse, "bfloat16", False)[2] != ""
 
 
 def _launch_for(module, kv_cache, seqlen_q=1, narrow=16):

@@ -149,7 +149,7 @@ def main() -> int:
     import torch
 
     from mlagen_compiler.reference import decode_paged_batched
-    from mlagen_compiler.verify import compare_with_lse
+    from mlagen_compiler.verify import compare_fp8_compute, compare_with_lse
 
     files = variant_files(args.spec, tmp, variants)
     modules = {name: import_module_from_path(path) for name, path in files.items()}
@@ -192,7 +192,7 @@ def main() -> int:
                 if name == "exact":
                     max_err, rel, msg = compare_with_lse(out, lse, ref_out, ref_lse, "bfloat16")
                 else:
-                    max_err, rel, msg = bd.check_fp8_compute(out, lse, ref_out, ref_lse)
+                    max_err, rel, msg = compare_fp8_compute(out, lse, ref_out, ref_lse)
                 lse_err = float((lse.double() - ref_lse.double()).abs().nan_to_num(float("inf")).max())
                 checked = f"checked: max err {max_err:.3g}, rel err {rel:.4f}, max LSE err {lse_err:.3g}"
                 if msg:
