@@ -6,7 +6,9 @@ CUDA-graph replay, and its bandwidth is printed beside a copy's measured in the 
         [--cache bf16|fp8] [--in-l2] [--variant NAME=KEY:VALUE,...]...
 
 A variant's keys are get_decode_schedule's arguments (config as block_n/regs/stages or block_n/warps/stages,
-num_parts, min_blocks_per_part, backend, merge) and the options in force (tma=0 or 1), never a patched module.
+num_parts, min_blocks_per_part, backend, merge) and the options in force (tma=0 or 1); one experiment of a plan
+constant, narrow_rows:N, plans the variant's schedule with the module's DECODE_GLUON_NARROW_ROWS (plan.NARROW_ROWS:
+the most query rows the Gluon decode's narrow form takes) set to N, restored afterwards.
 `auto` (the schedule every call would take) is always the first variant. --in-l2: every sequence reads the first
 sequence's pages, so the cache stays in L2 and the time is the kernel's own work, not its bytes.
 """
@@ -30,7 +32,7 @@ from mlagen_compiler.options import use_options  # noqa: E402
 
 
 def parse_variant(text: str) -> tuple[str, dict, dict]:
-    """'NAME=key:value,...' as (name, schedule arguments, options)."""
+    """'NAME=key:value,...' as (name, schedule arguments, options; narrow_rows goes with the options)."""
     name, _, fields = text.partition("=")
     schedule, options = {}, {}
     for field in filter(None, fields.split(",")):
@@ -43,9 +45,14 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
             schedule[key] = value
         elif key == "tma":
             options["decode_tma"] = value == "1"
+        elif key == "narrow_rows":
+            if value not in ("0", "16", "32"):
+                raise SystemExit(f"--variant {text!r}: narrow_rows must be 0, 16 or 32, got {value!r}")
+            options["narrow_rows"] = int(value)
         else:
             raise SystemExit(
-                f"--variant {text!r}: unknown key {key!r} (config, num_parts, min_blocks_per_part, backend, merge, tma)"
+                f"--variant {text!r}: unknown key {key!r} (config, num_parts, min_blocks_per_part, backend, merge,"
+                " tma, narrow_rows)"
             )
     return name, schedule, options
 
@@ -69,9 +76,15 @@ def main() -> None:
         f"{' in L2' if args.in_l2 else ''}: {nbytes / 1e6:.1f} MB; copy {roof['copy_gbps']:.0f} GB/s"
     )
     for name, schedule_args, options in variants:
+        options = dict(options)
+        narrow_rows = options.pop("narrow_rows", module.DECODE_GLUON_NARROW_ROWS)
         with use_options(**options):
             try:
-                sched = module.get_decode_schedule(args.batch, args.seqlen_q, q.device, **schedule_args)
+                planned_narrow_rows, module.DECODE_GLUON_NARROW_ROWS = module.DECODE_GLUON_NARROW_ROWS, narrow_rows
+                try:
+                    sched = module.get_decode_schedule(args.batch, args.seqlen_q, q.device, **schedule_args)
+                finally:
+                    module.DECODE_GLUON_NARROW_ROWS = planned_narrow_rows
                 out = torch.empty(*q.shape[:3], module.KV_LORA_RANK, dtype=q.dtype, device=q.device)
                 lse = torch.empty(q.shape[0], module.NUM_HEADS, q.shape[1], dtype=torch.float32, device=q.device)
                 scaled = {} if kv_scale is None else {"kv_scale": kv_scale}
