@@ -329,23 +329,22 @@ FP8_LAND_SLOTS = 2
 #: removed) they lost to it. Evidence: performance log, "The fp8 products' narrow form landed, two prefill
 #: schedules measured", items 3 and 5
 FP8_NARROW_DC = 512
-#: ... and the e4m3 terms of the query (1: hi = e4m3(q / scale); 2: hi + lo, lo = e4m3(q / scale - hi), both
-#: multiplied by K, twice the Q K^T products). 2: an emulation of the kernel's rounding in float64 (N(0, 1) query
-#: and latent, DeepSeek-V3's softmax scale, 64 to 8192 positions) put one term's output at 0.048-0.059 relative
-#: error and its LSE 0.06-0.12 off, past tests/test_fp8_compute.py's bound (0.05, 0.05); two terms 0.009-0.011
-#: and 0.008-0.014 (Mistral-Small-4's geometry: 0.031-0.040 and 0.018-0.040 with one term)
+#: ... and the e4m3 terms of the query (1: hi = e4m3(q / scale); 2: hi + lo, lo = e4m3(q / scale - hi), lo's rows
+#: stacked under hi's and both multiplied by K in one MMA chain twice as wide). 2: an emulation of the kernel's
+#: rounding in float64 (N(0, 1) query and latent, DeepSeek-V3's softmax scale, 64 to 8192 positions) put one term's
+#: output at 0.048-0.059 relative error and its LSE 0.06-0.12 off, past tests/test_fp8_compute.py's bound (0.05,
+#: 0.05); two terms 0.009-0.011 and 0.008-0.014 (Mistral-Small-4's geometry: 0.031-0.040 and 0.018-0.040 with one
+#: term)
 FP8_QUERY_TERMS = 2
 #: ... and its converter warps' registers (80, the exact landing converter's, spilled the query's loads at Sq 2)
 FP8_CONVERT_REGS = 80
 
 
-def _gluon_fp8_smem_bytes(
-    dc: int, dr: int, slots: int, block_m: int, block_n: int, terms: int = FP8_QUERY_TERMS
-) -> int:
-    """Shared memory of the fp8-product decode: the e4m3 query tile (`terms` of them), `slots` landed fp8 blocks,
-    e4m3 P, the alpha, row-sum and query-scale vectors and the mbarriers (a pair a slot, six for the query, P and
-    the row sums)."""
-    data = terms * block_m * (dc + dr) + slots * block_n * (dc + dr) + block_m * block_n
+def _gluon_fp8_smem_bytes(dc: int, dr: int, slots: int, block_m: int, block_n: int) -> int:
+    """Shared memory of the fp8-product decode: the e4m3 query tile (its terms' rows stacked in it), `slots` landed
+    fp8 blocks, e4m3 P, the alpha, row-sum and query-scale vectors and the mbarriers (a pair a slot, six for the
+    query, P and the row sums)."""
+    data = block_m * (dc + dr) + slots * block_n * (dc + dr) + block_m * block_n
     return data + 3 * block_m * 4 + 8 * (2 * slots + 6)
 
 

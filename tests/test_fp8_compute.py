@@ -206,7 +206,8 @@ def test_the_schedule_takes_the_fp8_products_in_the_narrow_form_only(tmp_path):
 @pytest.mark.parametrize(("name", "seqlen_q"), [("deepseek-v3-tp8-fp8", 1)])
 def test_the_fp8_kernel_compiles_for_sm90_with_e4m3_mmas(tmp_path, name, seqlen_q):
     """Offline (Triton's front end, passes and ptxas; no GPU), in a process of its own: the fp8 kernel compiles,
-    its SASS holds e4m3 warpgroup MMAs (QGMMA, m64n16: the narrow form's 16 query rows as N) and no 16-bit ones,
+    its SASS holds e4m3 warpgroup MMAs (QGMMA: P V's m64n16, the narrow form's 16 query rows as N, and Q K^T's
+    m64n32, the query's two terms stacked, one chain) and no 16-bit ones,
     and (without the fused merge's stack frame) nothing goes to local memory but a few of the prologue's values
     held there for the partitions (stored once, loaded once at a partition's start, as the exact kernel's): up to
     4."""
@@ -224,7 +225,8 @@ def test_the_fp8_kernel_compiles_for_sm90_with_e4m3_mmas(tmp_path, name, seqlen_
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.search(r"'QGMMA\.64x16x32': \d+", done.stdout), done.stdout
-    assert not re.search(r"'QGMMA\.64x(?!16x)\d+x32'", done.stdout), done.stdout
+    assert re.search(r"'QGMMA\.64x32x32': \d+", done.stdout), done.stdout
+    assert not re.search(r"'QGMMA\.64x(?!16x|32x)\d+x32'", done.stdout), done.stdout
     assert "HGMMA" not in done.stdout, done.stdout
     stores = int(re.search(r"'STL': (\d+)", done.stdout).group(1))
     assert stores <= 4, done.stdout
@@ -284,11 +286,12 @@ def fp8_mma_chain(a, b, bits=13):
     return acc
 
 
-def test_the_fp8_accumulation_model_favours_the_lo_term_first():
-    """The Q K^T chain of the two query terms under a model of the tensor cores' fp8 accumulation (fp8_mma_chain):
+def test_the_fp8_accumulation_model_keeps_the_lo_term_at_its_own_scale():
+    """The Q K^T of the two query terms under a model of the tensor cores' fp8 accumulation (fp8_mma_chain): chained
     with the hi term first, the lo term's small products are added to a sum 2**4 larger and mostly truncated away
-    (the GPU's LSE errors at DeepSeek H16 / H128 B128 S8192, 0.035-0.057, against 0.01 for exact accumulators); the
-    kernel chains the lo term first, which keeps its products at their own scale. Scores at DeepSeek-V3's scale."""
+    (the GPU's LSE errors at DeepSeek H16 / H128 B128 S8192, 0.035-0.057, against 0.01 for exact accumulators).
+    Chained lo first, or (the kernel: lo's rows stacked under hi's, one chain of N = 2 NARROW) each term summed in
+    its own accumulator columns, lo's products keep their own scale. Scores at DeepSeek-V3's scale."""
     spec = resolve_spec("deepseek-v3-tp8-fp8")
     width, scale = spec.kv_lora_rank + spec.qk_rope_head_dim, spec.derived_softmax_scale()
     g = torch.Generator().manual_seed(3)
@@ -301,13 +304,20 @@ def test_the_fp8_accumulation_model_favours_the_lo_term_first():
     lo = (q / q_scale - hi).to(torch.float8_e4m3fn).double()
     exact = (hi + lo) @ k8.T
 
-    def score_error(first, second):
-        chained = fp8_mma_chain(torch.cat([first, second], 1), torch.cat([k8, k8], 1))
-        return float(((chained - exact) * q_scale * kv_scale * scale).pow(2).mean().sqrt())
+    def score_error(scores):
+        return float(((scores - exact) * q_scale * kv_scale * scale).pow(2).mean().sqrt())
 
-    hi_first, lo_first = score_error(hi, lo), score_error(lo, hi)
-    print(f"fp8 accumulation model: RMS score error hi first {hi_first:.4f}, lo first {lo_first:.4f}")
+    def chained(first, second):
+        return score_error(fp8_mma_chain(torch.cat([first, second], 1), torch.cat([k8, k8], 1)))
+
+    hi_first, lo_first = chained(hi, lo), chained(lo, hi)
+    own_columns = score_error(fp8_mma_chain(hi, k8) + fp8_mma_chain(lo, k8))
+    print(
+        f"fp8 accumulation model: RMS score error hi first {hi_first:.4f}, lo first {lo_first:.4f},"
+        f" each term in its own columns {own_columns:.4f}"
+    )
     assert lo_first < 0.5 * hi_first, (hi_first, lo_first)
+    assert own_columns < 0.5 * hi_first, (hi_first, own_columns)
 
 
 # ---- on a Hopper GPU ------------------------------------------------------------------------------------------

@@ -54,22 +54,18 @@ _LAND_FREE = """\
         mbarrier.arrive(land_free.index(slot))
 """
 _QK = """\
-        scores = gl.zeros([BLOCK_N, NARROW], gl.float32, s_layout)
-        for tt in gl.static_range(Q_TERMS):
-            t = Q_TERMS - 1 - tt
-            for j in gl.static_range(NC):
-                scores = warpgroup_mma(land_c.index(slot * NC + j),
-                                       q8_c.index(t * NC + j + opaque_zero).slice(0, NARROW, dim=0).permute((1, 0)),
-                                       scores, is_async=True)
-            for i in gl.static_range(NR):
-                scores = warpgroup_mma(land_r.index(slot * NR + i),
-                                       q8_r.index(t * NR + i + opaque_zero).slice(0, NARROW, dim=0).permute((1, 0)),
-                                       scores, is_async=True)
+        terms = gl.zeros([BLOCK_N, QN], gl.float32, qk_layout)
+        for j in gl.static_range(NC):
+            terms = warpgroup_mma(land_c.index(slot * NC + j),
+                                  q8_c.index(j + opaque_zero).slice(0, QN, dim=0).permute((1, 0)), terms, is_async=True)
+        for i in gl.static_range(NR):
+            terms = warpgroup_mma(land_r.index(slot * NR + i),
+                                  q8_r.index(i + opaque_zero).slice(0, QN, dim=0).permute((1, 0)), terms, is_async=True)
         v_a = _gluon_f8_v_operand(land_w, slot * 2, n_valid, gl.DotOperandLayout(0, s_layout, 4), MASKED)
-        scores = warpgroup_mma_wait(0, deps=(scores,))
+        terms = warpgroup_mma_wait(0, deps=(terms,))
 """
 _QK_NONE = """\
-        scores = gl.zeros([BLOCK_N, NARROW], gl.float32, s_layout)
+        terms = gl.zeros([BLOCK_N, QN], gl.float32, qk_layout)
         v_a = _gluon_f8_v_operand(land_w, slot * 2, n_valid, gl.DotOperandLayout(0, s_layout, 4), MASKED)
 """
 #: variant: [(pattern, replacement)], each pattern matching the rendered module exactly once
