@@ -8,6 +8,10 @@ errors and register spills without device time.
 
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py [--sq 1] [--gather] [--combine-kernel]
     python benchmarks/gluon_offline_compile.py generated/deepseek_v3_tp8.py --prefill [--non-causal] [--persistent]
+        [--chunk N]
+
+--chunk is the persistent kernel's chunk argument (MLAGEN_PREFILL_TILE_CHUNK): an unspecialised int, so every
+value compiles the same kernel (the printed cubin sha256 says so).
 
 An fp8 module (generated/deepseek_v3_tp8_fp8.py) compiles the producer its launch would choose for --sq (the
 landing producer where Sq * H <= 32, else the converting one); --producer picks one.
@@ -16,6 +20,7 @@ landing producer where Sq * H <= 32, else the converting one); --producer picks 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import inspect
 import os
@@ -247,11 +252,12 @@ def compile_prefill_offline(
     consumer_regs: int | None = None,
     producer_regs: int | None = None,
     persistent: bool = False,
+    chunk: int = 0,
 ) -> dict:
     """Compile the module's _mla_prefill_gluon_kernel (causal, or the non-causal prefix attention of chunked
     prefill, whose outputs are float32 partials: float32_out), or (persistent) its persistent variant
-    _mla_prefill_gluon_persistent_kernel; returns ptxas' numbers. block_n / stages / the registers: the plan's
-    unless given."""
+    _mla_prefill_gluon_persistent_kernel (its chunk argument: `chunk`); returns ptxas' numbers. block_n / stages /
+    the registers: the plan's unless given."""
     module = _load_offline(module_path)
     assert not module._PREFILL_GLUON_IMPORT_ERROR, module._PREFILL_GLUON_IMPORT_ERROR
     tokens, heads = 1024, module.NUM_HEADS
@@ -265,6 +271,7 @@ def compile_prefill_offline(
     out = torch.empty(tokens, heads, dv, dtype=torch.float32 if float32_out else module.DTYPE)
     cu = torch.empty(5, dtype=torch.int32)
     chosen = module._mla_prefill_gluon_persistent_kernel if persistent else module._mla_prefill_gluon_kernel
+    schedule = (chunk,) if persistent else ()
     kernel = chosen.warmup(
         *descriptors,
         out,
@@ -278,6 +285,7 @@ def compile_prefill_offline(
         4 * heads,  # pairs
         -(-tokens // module.PREFILL_GLUON_BLOCK_M),  # m_blocks
         4,  # sections
+        *schedule,
         H=heads,
         DN=dn,
         DR=dr,
@@ -342,9 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--persistent", action="store_true", help="(--prefill) the persistent kernel (MLAGEN_PREFILL_PERSISTENT=1)"
     )
+    parser.add_argument("--chunk", type=int, default=0, help="(--persistent) its chunk argument (default 0)")
     args = parser.parse_args(argv)
     if args.persistent and not args.prefill:
         parser.error("--persistent: only with --prefill")
+    if args.chunk and not args.persistent:
+        parser.error(f"--chunk: only with --persistent, got {args.chunk}")
+    if args.chunk < 0:
+        parser.error(f"--chunk: must be an int >= 0, got {args.chunk}")
     if args.land_slots is not None and args.land_slots < 1:
         parser.error(f"--land-slots: must be an int >= 1, got {args.land_slots}")
     if args.prefill:
@@ -356,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             stages=args.stages,
             consumer_regs=args.regs,
             persistent=args.persistent,
+            chunk=args.chunk,
         )
     else:
         result = compile_offline(
@@ -375,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     kernel = result.pop("kernel")
     print(result)
+    print(f"cubin sha256 {hashlib.sha256(kernel.asm['cubin']).hexdigest()[:16]}")
     if args.dump:
         os.makedirs(args.dump, exist_ok=True)
         for ext in ("ttgir", "ptx"):

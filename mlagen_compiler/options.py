@@ -42,20 +42,29 @@ class Knob:
     allowed: tuple[str, ...]
     default: str
     meaning: str
+    integer: bool = False  # its option is an int (the allowed values are its texts)
 
     @property
     def switch(self) -> bool:
-        """An on/off variable ("0" / "1"): its option is a bool."""
-        return self.allowed == ("0", "1")
+        """An on/off variable ("0" / "1", not an integer one): its option is a bool."""
+        return self.allowed == ("0", "1") and not self.integer
+
+    def value(self, text: str):
+        """The option's value for the variable's text `text` (one of allowed)."""
+        return text == "1" if self.switch else int(text) if self.integer else text
+
+    def text(self, value) -> str:
+        """The variable's text that asks for the option's value `value`."""
+        return ("1" if value else "0") if self.switch else str(value)
 
 
 def _choices(allowed):
     return ", ".join(allowed[:-1]) + " or " + allowed[-1]
 
 
-def _option(variable, allowed, default, meaning):
-    knob = Knob(variable, tuple(allowed), default, meaning)
-    return field(default=(default == "1") if knob.switch else default, metadata={"knob": knob})
+def _option(variable, allowed, default, meaning, integer=False):
+    knob = Knob(variable, tuple(allowed), default, meaning, integer)
+    return field(default=knob.value(default), metadata={"knob": knob})
 
 
 @dataclass(frozen=True)
@@ -91,6 +100,13 @@ class Options:
         "0",
         "Gluon prefill: the persistent kernel (a program per SM looping over the tiles)",
     )
+    prefill_tile_chunk: int = _option(
+        "MLAGEN_PREFILL_TILE_CHUNK",
+        tuple(str(chunk) for chunk in range(9)),
+        "0",
+        "Gluon prefill: N > 0, the persistent kernel with N consecutive tiles a program (a grid of tiles / N)",
+        integer=True,
+    )
     direct_launch: bool = _option(
         "MLAGEN_DIRECT_LAUNCH", ("0", "1"), "1", "launch compiled kernels without Triton's dispatch"
     )
@@ -106,6 +122,9 @@ class Options:
             if knob.switch:
                 if value is not True and value is not False:
                     raise ValueError(f"{name}: expected True or False, got {value!r}")
+            elif knob.integer:
+                if type(value) is not int or str(value) not in knob.allowed:
+                    raise ValueError(f"{name}: expected an int in {_choices(knob.allowed)}, got {value!r}")
             elif value not in knob.allowed:
                 raise ValueError(f"{name}: expected {_choices(knob.allowed)}, got {value!r}")
         # a schedule cache keys on the options in force: hashed once
@@ -125,15 +144,12 @@ class Options:
         values = {}
         for name, knob in _FIELD_KNOBS.items():
             text = env_knob(knob.variable, environ.get(knob.variable))
-            values[name] = text == "1" if knob.switch else text
+            values[name] = knob.value(text)
         return cls(**values)
 
     def environ(self) -> dict[str, str]:
         """The variables that ask for these options (e.g. for a child process)."""
-        return {
-            knob.variable: ("1" if value else "0") if knob.switch else value
-            for knob, value in ((knob, getattr(self, name)) for name, knob in _FIELD_KNOBS.items())
-        }
+        return {knob.variable: knob.text(getattr(self, name)) for name, knob in _FIELD_KNOBS.items()}
 
 
 #: field name -> its Knob, in field order

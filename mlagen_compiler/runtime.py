@@ -2205,6 +2205,7 @@ def launch_prefill_gluon(
     launch=None,
     persistent=None,
     programs=None,
+    chunk=None,
 ):
     """One launch of the module's _mla_prefill_gluon_kernel, or its persistent variant (arguments already checked;
     lse may be None). A tensor TMA cannot address is copied into a dense one first; no key at all (an empty prefix
@@ -2213,15 +2214,34 @@ def launch_prefill_gluon(
     device's tuned one for the launch's bucket, "gluon-causal" or "gluon-prefix", else PREFILL_GLUON_DEFAULT).
     launch: what issues it (default _launch; a checked mla_prefill's _Recorded). persistent: the persistent kernel
     (_mla_prefill_gluon_persistent_kernel: at most a program per SM, each looping over the tiles in the same
-    order; default: the prefill_persistent option). programs: the persistent kernel's programs at most (default:
-    the SM count; a test's or probe's choice, e.g. 1 to put every tile through one program's ring)."""
+    order; default: the prefill_persistent option, or a chunk > 0). programs: the persistent kernel's programs at
+    most (default: the SM count; a test's or probe's choice, e.g. 1 to put every tile through one program's ring).
+    chunk: the persistent kernel's tiles a program, consecutive ones (a grid of ceil(tiles / chunk)), or 0: each
+    program strides over the tiles (default: the prefill_tile_chunk option where the persistent kernel runs, else
+    0)."""
+    if chunk is not None:
+        _check(
+            isinstance(chunk, int)
+            and not isinstance(chunk, bool)
+            and chunk >= 0
+            and (chunk == 0 or persistent is not False),
+            "chunk",
+            f"must be an int >= 0, and > 0 only with the persistent kernel, got {chunk!r}",
+        )
+    in_force = _options()
     if persistent is None:
-        persistent = _options().prefill_persistent
+        persistent = in_force.prefill_persistent or (in_force.prefill_tile_chunk if chunk is None else chunk) > 0
+    if chunk is None:
+        chunk = in_force.prefill_tile_chunk if persistent else 0
     if programs is not None:
         _check(
-            persistent and isinstance(programs, int) and not isinstance(programs, bool) and programs >= 1,
+            persistent
+            and chunk == 0
+            and isinstance(programs, int)
+            and not isinstance(programs, bool)
+            and programs >= 1,
             "programs",
-            f"must be an int >= 1, and only with the persistent kernel, got {programs!r}",
+            f"must be an int >= 1, and only with the persistent kernel's stride (chunk 0), got {programs!r}",
         )
     if config is None:
         config = m.tuned_config(
@@ -2267,13 +2287,14 @@ def launch_prefill_gluon(
             "sections",
             f"must be an int in 1..{pairs} ((sequence, head) pairs), got {sections!r}",
         )
-    if persistent and programs is None:
+    if persistent and chunk == 0 and programs is None:
         programs = _sm_count(q.device)
     per_call = _prefill_gluon_per_call(
-        m, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device), sections, programs
+        m, (dn + dv) * k_nope.element_size(), l2_cache_bytes(q.device), sections, programs, chunk
     )
     grid, (lse_stride, pairs, m_blocks, sections) = per_call(cu_q, k_nope, lse, max_seqlen_q)
     kernel = m._mla_prefill_gluon_persistent_kernel if persistent else m._mla_prefill_gluon_kernel
+    schedule = (chunk,) if persistent else ()  # (the persistent kernel's one more int)
     # (Triton's dispatch on the first launch of an argument key, its compiled kernel's launcher after that; a
     # probe's sections are checked against this call's pairs only, and its programs are its own: such a launch is
     # never prepared)
@@ -2281,7 +2302,7 @@ def launch_prefill_gluon(
     (_launch if launch is None else launch)(
         kernel, grid,
         q_desc_n, q_desc_r, kn_desc, kr_desc, v_desc, out, lse if lse is not None else out, cu_q, cu_k,
-        scale * LOG2E, out.stride(0), out.stride(1), lse_stride, pairs, m_blocks, sections,
+        scale * LOG2E, out.stride(0), out.stride(1), lse_stride, pairs, m_blocks, sections, *schedule,
         H=heads, DN=dn, DR=dr, DV=dv, BLOCK_N=block_n, STAGES=stages,
         CAUSAL=causal, STORE_LSE=lse is not None, CONSUMER_REGS=m.PREFILL_GLUON_CONSUMER_REGS,
         PRODUCER_REGS=m.PREFILL_GLUON_PRODUCER_REGS, LN2=m._LN2.value, num_warps=4,
@@ -2293,12 +2314,13 @@ def launch_prefill_gluon(
 _PREFILL_GLUON_SIZED = ("stride_lse_h", "pairs", "m_blocks", "sections")
 
 
-def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None, programs=None):
+def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None, programs=None, chunk=0):
     """launch_prefill_gluon's grid and size-dependent ints (_PREFILL_GLUON_SIZED) as a function of its tensors
     cu_q, k_nope, lse (or None) and max_seqlen_q (see _PreparedLaunch's per_call): one program per (sequence,
-    head) pair and row block of the longest sequence (a tile), or (programs given: the persistent kernel) that
-    many programs at most, each looping over tiles; the pairs in `sections` sections (default:
-    prefill_sections's for the keys per sequence, bytes_per_key and l2_bytes)."""
+    head) pair and row block of the longest sequence (a tile), or (programs given: the persistent kernel's
+    stride) that many programs at most, each looping over tiles, or (chunk > 0: the persistent kernel's chunks)
+    a program per `chunk` tiles; the pairs in `sections` sections (default: prefill_sections's for the keys per
+    sequence, bytes_per_key and l2_bytes)."""
     heads, block_m = m.NUM_HEADS, m.PREFILL_GLUON_BLOCK_M
 
     def per_call(cu_q, k_nope, lse, max_seqlen_q):
@@ -2309,6 +2331,7 @@ def _prefill_gluon_per_call(m, bytes_per_key, l2_bytes, sections=None, programs=
             chosen = m.prefill_sections(pairs, k_nope.shape[0] // batch, bytes_per_key, l2_bytes)
         tiles = pairs * m_blocks
         grid = tiles if programs is None else min(tiles, programs)
+        grid = -(-tiles // chunk) if chunk > 0 else grid
         return (grid, 1, 1), (lse.stride(0) if lse is not None else 0, pairs, m_blocks, chosen)
 
     return per_call

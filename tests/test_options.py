@@ -25,7 +25,7 @@ def test_unset_variables_are_the_defaults_and_each_variable_sets_its_field():
     for name, (field, knob) in KNOBS.items():
         for text in knob.allowed:
             chosen = Options.from_env({name: text})
-            assert getattr(chosen, field) == ((text == "1") if knob.switch else text)
+            assert getattr(chosen, field) == ((text == "1") if knob.switch else int(text) if knob.integer else text)
             assert chosen.environ()[name] == text  # the variables that ask for these options
         assert Options.from_env({name: "  "}) == defaults  # blank: unset
 
