@@ -412,6 +412,7 @@ GARBAGE = {
     "MLAGEN_DECODE_TMA": ("true", "MLAGEN_DECODE_TMA: expected 0 or 1, got 'true'"),
     "MLAGEN_PREFILL_TMA": ("2", "MLAGEN_PREFILL_TMA: expected 0 or 1, got '2'"),
     "MLAGEN_PREFILL_PERSISTENT": ("yes", "MLAGEN_PREFILL_PERSISTENT: expected 0 or 1, got 'yes'"),
+    "MLAGEN_PREFILL_TILE_CHUNK": ("16", "MLAGEN_PREFILL_TILE_CHUNK: expected 0, 1, 2, 3, 4, 5, 6, 7 or 8, got '16'"),
     "MLAGEN_DIRECT_LAUNCH": ("off", "MLAGEN_DIRECT_LAUNCH: expected 0 or 1, got 'off'"),
     "MLAGEN_RAW_LAUNCH": ("no", "MLAGEN_RAW_LAUNCH: expected 0 or 1, got 'no'"),
     "MLAGEN_VALIDATE": ("yes", "MLAGEN_VALIDATE: expected 0 or 1, got 'yes'"),

@@ -182,6 +182,24 @@ def test_prefill_persistent_option():
     assert hash(Options(prefill_persistent=True)) != hash(Options())  # (what prepared launches key on)
 
 
+def test_prefill_tile_chunk_option():
+    """MLAGEN_PREFILL_TILE_CHUNK (0-8, default 0): an int option, the persistent kernel's consecutive tiles a
+    program (0: off)."""
+    assert Options.from_env({}).prefill_tile_chunk == 0 and Options().prefill_tile_chunk == 0
+    for text in ("1", "4", "8"):
+        assert Options.from_env({"MLAGEN_PREFILL_TILE_CHUNK": text}).prefill_tile_chunk == int(text)
+    assert Options.from_env({"MLAGEN_PREFILL_TILE_CHUNK": " 2 "}).prefill_tile_chunk == 2
+    with pytest.raises(ValueError, match="^MLAGEN_PREFILL_TILE_CHUNK: expected 0, 1, 2, .* or 8, got '9'$"):
+        Options.from_env({"MLAGEN_PREFILL_TILE_CHUNK": "9"})
+    with pytest.raises(ValueError, match="^MLAGEN_PREFILL_TILE_CHUNK: expected 0, 1, 2, .* or 8, got '-1'$"):
+        Options.from_env({"MLAGEN_PREFILL_TILE_CHUNK": "-1"})
+    for wrong in ("2", True, 9, -1, 2.0):
+        with pytest.raises(ValueError, match=f"^prefill_tile_chunk: expected an int in 0, 1, .* or 8, got {wrong!r}$"):
+            Options(prefill_tile_chunk=wrong)
+    assert Options(prefill_tile_chunk=3).environ()["MLAGEN_PREFILL_TILE_CHUNK"] == "3"
+    assert hash(Options(prefill_tile_chunk=2)) != hash(Options())  # (what prepared launches key on)
+
+
 def test_select_prefill_backend():
     # auto takes the Gluon kernel where it runs (PREFILL_AUTO_GLUON); with auto_gluon off it keeps the portable one
     assert PREFILL_AUTO_GLUON
@@ -321,14 +339,19 @@ def test_gluon_prefill_goes_through_the_runtimes_launch_with_a_stable_key(module
 
 
 def test_the_persistent_kernel_takes_the_same_arguments(module):
-    """_mla_prefill_gluon_persistent_kernel: the tile-per-program kernel's arguments and constexprs, the same ints
-    left unspecialised (a launch of either differs only in kernel and grid)."""
+    """_mla_prefill_gluon_persistent_kernel: the tile-per-program kernel's arguments and constexprs, and one more
+    int after sections, chunk; the same ints left unspecialised, chunk too (every chunk is one compile: a launch
+    of either differs only in kernel, grid and chunk)."""
     if module._PREFILL_GLUON_IMPORT_ERROR:
         pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
     tiled, persistent = module._mla_prefill_gluon_kernel, module._mla_prefill_gluon_persistent_kernel
-    assert persistent.arg_names == tiled.arg_names
-    assert [p.do_not_specialize for p in persistent.params] == [p.do_not_specialize for p in tiled.params]
-    assert [p.is_constexpr for p in persistent.params] == [p.is_constexpr for p in tiled.params]
+    at = tiled.arg_names.index("sections") + 1
+    assert persistent.arg_names == [*tiled.arg_names[:at], "chunk", *tiled.arg_names[at:]]
+    chunk = persistent.params[at]
+    assert chunk.do_not_specialize and not chunk.is_constexpr
+    others = persistent.params[:at] + persistent.params[at + 1 :]
+    assert [p.do_not_specialize for p in others] == [p.do_not_specialize for p in tiled.params]
+    assert [p.is_constexpr for p in others] == [p.is_constexpr for p in tiled.params]
 
 
 def _normal(value):
@@ -381,6 +404,7 @@ def test_the_option_launches_the_persistent_kernel(module, monkeypatch, lengths)
     assert p_kernel is module._mla_prefill_gluon_persistent_kernel
     assert p_grid == (min(tiles, runtime._sm_count(torch.device("cpu"))), 1, 1)
     assert p_constexprs == constexprs
+    assert p_args.pop("chunk") == 0  # (the stride)
     assert {name: _normal(value) for name, value in p_args.items()} == {
         name: _normal(value) for name, value in args.items()
     }
@@ -409,6 +433,74 @@ def test_a_wrong_program_count_is_a_one_line_error(module, programs):
         module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, 8, out, None, 0.1, True, persistent=False,
                                      programs=2)  # fmt: skip
     assert out.isnan().all()
+
+
+@pytest.mark.parametrize("lengths", [(300,), (1000, 17, 129), (1,)])
+@pytest.mark.parametrize("chunk", [1, 2, 3, 8])
+def test_the_chunk_option_launches_the_persistent_kernel_a_program_per_chunk(module, monkeypatch, lengths, chunk):
+    """With prefill_tile_chunk = N > 0, _launch_prefill_gluon launches the persistent kernel (whatever
+    prefill_persistent says) with chunk N on ceil(tiles / N) programs, its other arguments those of the
+    tile-per-program launch; chunk= wins over the option, and persistent=False keeps the tile-per-program kernel."""
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    tiles = len(lengths) * module.NUM_HEADS * -(-max(lengths) // module.PREFILL_GLUON_BLOCK_M)
+    kernel, grid, args, constexprs = _gluon_launch(module, monkeypatch, lengths, persistent=False)
+    for persistent in (False, True):
+        with use_options(prefill_persistent=persistent, prefill_tile_chunk=chunk):
+            c_kernel, c_grid, c_args, c_constexprs = _gluon_launch(module, monkeypatch, lengths)
+        assert c_kernel is module._mla_prefill_gluon_persistent_kernel
+        assert c_grid == (-(-tiles // chunk), 1, 1) and c_constexprs == constexprs
+        assert c_args.pop("chunk") == chunk
+        assert {name: _normal(value) for name, value in c_args.items()} == {
+            name: _normal(value) for name, value in args.items()
+        }
+    with use_options(prefill_tile_chunk=chunk):
+        assert _gluon_launch(module, monkeypatch, lengths, persistent=False)[:2] == (kernel, grid)
+        # (chunk=0 turns the option's chunks off: the tile-per-program kernel, as prefill_persistent is off)
+        assert _gluon_launch(module, monkeypatch, lengths, chunk=0)[:2] == (kernel, grid)
+    with use_options(prefill_tile_chunk=0):
+        _, c_grid, c_args, _ = _gluon_launch(module, monkeypatch, lengths, chunk=chunk)
+        assert c_grid == (-(-tiles // chunk), 1, 1) and c_args["chunk"] == chunk
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(chunk=-1), dict(chunk=1.5), dict(chunk=True), dict(chunk=2, persistent=False), dict(chunk=2, programs=4)],
+)
+def test_a_wrong_chunk_is_a_one_line_error(module, kwargs):
+    if module._PREFILL_GLUON_IMPORT_ERROR:
+        pytest.skip(f"the Gluon prefill is not defined under this Triton: {module._PREFILL_GLUON_IMPORT_ERROR}")
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    q, k_nope = torch.randn(8, heads, dn + dr).to(module.DTYPE), torch.randn(8, heads, dn).to(module.DTYPE)
+    k_pe, v = torch.randn(8, dr).to(module.DTYPE), torch.randn(8, heads, dv).to(module.DTYPE)
+    cu = torch.tensor([0, 8], dtype=torch.int32)
+    out = torch.full_like(v, float("nan"))
+    message = (
+        "^programs: must be an int >= 1, and only with the persistent kernel's stride \\(chunk 0\\), got 4$"
+        if "programs" in kwargs
+        else f"^chunk: must be an int >= 0, and > 0 only with the persistent kernel, got {kwargs['chunk']!r}$"
+    )
+    with pytest.raises(ValueError, match=message):
+        module._launch_prefill_gluon(q, k_nope, k_pe, v, cu, cu, 8, out, None, 0.1, True, **kwargs)
+    assert out.isnan().all()
+
+
+@given(pairs=st.integers(1, 40), m_blocks=st.integers(1, 12), chunk=st.integers(1, 9))
+def test_chunked_programs_take_consecutive_tiles_each_once(pairs, m_blocks, chunk):
+    """The persistent kernel's chunked schedule (chunk > 0), its bounds written out as _gluon_prefill_tiles computes
+    them: on ceil(tiles / chunk) programs, program p walks tiles first = p * chunk up to end = min(first + chunk,
+    tiles) with step 1, so every tile is one program's exactly once, in the tile-per-program order, and no program
+    is empty."""
+    tiles = pairs * m_blocks
+    grid = -(-tiles // chunk)
+    walked = []
+    for pid in range(grid):
+        first = pid * chunk
+        end = min(first + chunk, tiles)
+        mine = list(range(first, end, 1))
+        assert mine and len(mine) <= chunk
+        walked += mine
+    assert walked == list(range(tiles))
 
 
 @given(pairs=st.integers(1, 40), m_blocks=st.integers(1, 12), sections=st.integers(1, 40), programs=st.integers(1, 20))

@@ -196,11 +196,13 @@ def test_the_signature_keys_on_the_options_in_force(module, dispatched, checked_
     assert not checked_calls and dispatched[-1][2]["USE_TMA"] is True
 
 
+@pytest.mark.parametrize("switch", [{"prefill_persistent": True}, {"prefill_tile_chunk": 2}])
 @pytest.mark.parametrize("kind", ["prefill", "chunked"])
-def test_the_signature_keys_on_the_prefill_persistent_option(module, kind, dispatched, monkeypatch):
-    """The Gluon prefill (pretend Hopper): a launch prepared under one prefill_persistent setting is never reused
-    under the other (the signature holds the options in force): switching it sends the call to the checks, which
-    launch the other variant, and switching back takes the first variant's prepared launch again."""
+def test_the_signature_keys_on_the_prefill_persistent_option(module, kind, switch, dispatched, monkeypatch):
+    """The Gluon prefill (pretend Hopper): a launch prepared under one prefill_persistent (or prefill_tile_chunk)
+    setting is never reused under the other (the signature holds the options in force): switching it sends the
+    call to the checks, which launch the other variant, and switching back takes the first variant's prepared
+    launch again."""
     _gluon(module, monkeypatch)
     chunked = kind == "chunked"
     checked_calls = _counted(monkeypatch, "mla_chunked_prefill_checked" if chunked else "mla_prefill_checked")
@@ -220,21 +222,23 @@ def test_the_signature_keys_on_the_prefill_persistent_option(module, kind, dispa
         return [kernel for kernel, _, _ in dispatched if kernel in (tiled, looping)]
 
     module._PREFILL_LAUNCHES.clear()
+    off = {name: type(value)(0) for name, value in switch.items()}
     for persistent, checked in ((False, True), (False, True), (False, False), (True, True), (True, True)):
         # (off: seen, prepared, then reused; on: another signature, seen, then prepared)
-        with use_options(prefill_persistent=persistent):
+        with use_options(**(switch if persistent else off)):
             dispatched.clear()
             checked_calls.clear()
             call()
             assert bool(checked_calls) == checked
             assert gluon_kernels() == [looping if persistent else tiled] * (2 if chunked else 1)
     for persistent in (True, False):  # both prepared now: each reused under its own setting
-        with use_options(prefill_persistent=persistent):
+        with use_options(**(switch if persistent else off)):
             dispatched.clear()
             checked_calls.clear()
             call()
             assert not checked_calls
             assert gluon_kernels() == [looping if persistent else tiled] * (2 if chunked else 1)
+            _assert_gluon_variant(module, dispatched, persistent, switch.get("prefill_tile_chunk", 0))
 
 
 # ---- chunked prefill: the prefix attention, the new tokens' attention and the merge, prepared together ----------
@@ -312,6 +316,7 @@ def test_a_prepared_call_launches_what_the_checked_path_launches(module, kind, b
     scale = data.draw(st.sampled_from([None, 0.0625]), label="softmax_scale")
     tma = data.draw(st.booleans(), label="prefill_tma")
     persistent = backend == "gluon" and data.draw(st.booleans(), label="prefill_persistent")
+    chunk = data.draw(st.sampled_from([0, 3]), label="prefill_tile_chunk") if backend == "gluon" else 0
     config = None if backend == "gluon" else data.draw(st.sampled_from([None, (16, 32, 4, 1)]), label="config")
     max_seqlen = max(lengths)
     tokens, heads = sum(lengths), module.NUM_HEADS
@@ -333,7 +338,7 @@ def test_a_prepared_call_launches_what_the_checked_path_launches(module, kind, b
         return arguments, out, lse, result
 
     module._PREFILL_LAUNCHES.clear()
-    with use_options(prefill_tma=tma, prefill_persistent=persistent):
+    with use_options(prefill_tma=tma, prefill_persistent=persistent, prefill_tile_chunk=chunk):
         call(0)  # (seen)
         call(1)  # (prepared)
         dispatched.clear()
@@ -362,18 +367,20 @@ def test_a_prepared_call_launches_what_the_checked_path_launches(module, kind, b
     assert len(fast) == gathers + (2 if chunked else 1) * (max_seqlen > 0) + (chunked and tokens > 0)
     for (_, _, got), (_, _, want) in zip(fast, checked, strict=True):
         assert {name: value for name, value in got.items() if value != want[name]} == {} or copied
-    _assert_gluon_variant(module, fast, persistent)
+    _assert_gluon_variant(module, fast, persistent or chunk > 0, chunk)
 
 
-def _assert_gluon_variant(module, launches, persistent):
-    """The Gluon prefill's launches among `launches` (dispatched's) are of the variant the prefill_persistent option
-    asks for (the persistent kernel on at most runtime._sm_count programs)."""
+def _assert_gluon_variant(module, launches, persistent, chunk=0):
+    """The Gluon prefill's launches among `launches` (dispatched's) are of the variant the prefill_persistent and
+    prefill_tile_chunk options ask for (the persistent kernel on at most runtime._sm_count programs, or with
+    chunk > 0 on a program per `chunk` tiles)."""
     tiled, looping = module._mla_prefill_gluon_kernel, module._mla_prefill_gluon_persistent_kernel
     for kernel, grid, named in launches:
         assert kernel is not (tiled if persistent else looping)
         if kernel is looping:
             tiles = named["pairs"] * named["m_blocks"]
-            assert grid == (min(tiles, runtime._sm_count(DEVICE)), 1, 1)
+            assert named["chunk"] == chunk
+            assert grid == (-(-tiles // chunk) if chunk else min(tiles, runtime._sm_count(DEVICE)), 1, 1)
 
 
 @pytest.mark.parametrize("give_outputs", [False, True])
@@ -501,6 +508,7 @@ def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
     scale = data.draw(st.sampled_from([None, 0.0625]), label="softmax_scale")
     tma = data.draw(st.booleans(), label="prefill_tma")
     persistent = backend == "gluon" and data.draw(st.booleans(), label="prefill_persistent")
+    chunk = data.draw(st.sampled_from([0, 3]), label="prefill_tile_chunk") if backend == "gluon" else 0
     config = None if backend == "gluon" else data.draw(st.sampled_from([None, (16, 32, 4, 1)]), label="config")
     shapes = []
     for _ in range(data.draw(st.integers(3, 6), label="calls")):
@@ -529,7 +537,7 @@ def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
 
     module._PREFILL_LAUNCHES.clear()
     seen = {}
-    with use_options(prefill_tma=tma, prefill_persistent=persistent):
+    with use_options(prefill_tma=tma, prefill_persistent=persistent, prefill_tile_chunk=chunk):
         for seed, (lengths, prefix_lens) in enumerate(shapes):
             key = _size_key(chunked, lengths, prefix_lens)
             seen[key] = seen.get(key, 0) + 1
@@ -552,7 +560,7 @@ def test_calls_of_changing_batch_shapes_launch_what_the_checked_path_launches(
             assert [launch[:2] for launch in fast] == [launch[:2] for launch in checked]
             for (_, _, got), (_, _, want) in zip(fast, checked, strict=True):
                 assert {name: value for name, value in got.items() if value != want[name]} == {} or copied
-            _assert_gluon_variant(module, fast, persistent)
+            _assert_gluon_variant(module, fast, persistent or chunk > 0, chunk)
 
 
 def _poisoned_outputs(module, tokens):
