@@ -31,7 +31,7 @@ from mlagen_compiler.testing import (
     merge_inputs,
     prefill_inputs,
 )
-from mlagen_compiler.verify import compare, cu_seqlens, random_mha
+from mlagen_compiler.verify import compare, compare_with_lse, cu_seqlens, random_mha
 
 GEOMETRIES = [  # (H, Dn, Dr, Dv, Dc): DeepSeek, Mistral-Small-4, MiniCPM3-like, odd widths (padded)
     (2, 128, 64, 128, 512),
@@ -113,6 +113,72 @@ def test_chunked_prefill_equals_full_attention(build_module, device, backend, da
     problem = data.draw(chunked_prefill_inputs(module, device=device, **longer), label="problem")
     note(problem.describe(module))
     assert_chunked_prefill_matches_reference(module, problem, device=device, backend=backend)
+
+
+#: the chunked persistent kernel's GPU cases (a fixed few: each variant compiles once): (query lengths, key lengths:
+#: None for causal, else the prefix's), with row blocks past a sequence's end, a one-token sequence, a sequence
+#: without queries and one with an empty prefix
+CHUNK_CASES = {
+    "causal": ((300, 129, 1, 520, 128), None),
+    "prefix": ((200, 0, 77, 129, 257), (333, 64, 0, 700, 1)),
+}
+
+
+@pytest.mark.parametrize("chunk", [0, 1, 2, 3])
+@pytest.mark.parametrize("case", list(CHUNK_CASES))
+def test_chunked_persistent_gluon_prefill_is_the_tile_per_program_kernel(build_module, device, case, chunk):
+    """The persistent Gluon prefill with contiguous chunks (chunk > 0: a program per `chunk` consecutive tiles, the
+    ring's phases and the query tile's q_ready / q_free carried from tile to tile within a chunk, tiles past a
+    sequence's end skipped inside one) writes what the tile-per-program kernel writes, bit for bit, outputs and
+    LSEs, and both match the float64 reference within the bfloat16 tolerances; chunk 0 is the stride, here on 3
+    programs. Causal, and the non-causal prefix attention of chunked prefill (float32 outputs); outputs poisoned
+    (NaN) first. A fixed parametrisation: one module, two compiles of each kernel."""
+    require_backend(build_module, device, "gluon")
+    module = module_for(build_module, GLUON_GEOMETRIES[0], "bfloat16")
+    heads, dn, dr, dv = module.NUM_HEADS, module.QK_NOPE_HEAD_DIM, module.QK_ROPE_HEAD_DIM, module.V_HEAD_DIM
+    lengths, prefix = CHUNK_CASES[case]
+    causal = prefix is None
+    key_lengths = lengths if causal else prefix
+    g = torch.Generator().manual_seed(1000 * chunk + list(CHUNK_CASES).index(case))
+
+    def drawn(*shape):
+        return torch.randn(*shape, generator=g).to(module.DTYPE).to(device)
+
+    tokens, keys = sum(lengths), sum(key_lengths)
+    q, k_nope, k_pe, v = drawn(tokens, heads, dn + dr), drawn(keys, heads, dn), drawn(keys, dr), drawn(keys, heads, dv)
+
+    def cumulative(counts):
+        return torch.tensor([0, *counts], dtype=torch.int32).cumsum(0, dtype=torch.int32).to(device)
+
+    cu_q, cu_k = cumulative(lengths), cumulative(key_lengths)
+    out_dtype = module.DTYPE if causal else torch.float32
+    results = []
+    for persistent in (False, True):
+        out = torch.full((tokens, heads, dv), float("nan"), dtype=out_dtype, device=device)
+        lse = torch.full((heads, tokens), float("nan"), device=device)
+        schedule = dict(chunk=chunk, programs=None if chunk else 3) if persistent else dict(chunk=0)
+        module._launch_prefill_gluon(
+            q, k_nope, k_pe, v, cu_q, cu_k, max(lengths), out, lse, module.SOFTMAX_SCALE, causal,
+            config=module.PREFILL_GLUON_DEFAULT, persistent=persistent, **schedule,
+        )  # fmt: skip
+        results.append((out, lse))
+    (want, want_lse), (got, got_lse) = results
+    assert not want.isnan().any() and not want_lse.isnan().any()
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    # the reference: each sequence's queries against its keys (causal: the same tokens), in float64 on the CPU
+    ref = torch.zeros(tokens, heads, dv, dtype=torch.float64)
+    ref_lse = torch.full((heads, tokens), float("-inf"), dtype=torch.float64)
+    q64, k64 = q.double().cpu(), torch.cat([k_nope, k_pe[:, None, :].expand(-1, heads, -1)], dim=-1).double().cpu()
+    v64 = v.double().cpu()
+    for seq, (rows, cols) in enumerate(zip(lengths, key_lengths, strict=True)):
+        q0, k0 = int(cu_q[seq]), int(cu_k[seq])
+        if rows == 0:
+            continue
+        visible = causal_mask(rows, cols) if causal else torch.ones(rows, cols, dtype=torch.bool)
+        ref[q0 : q0 + rows], ref_lse[:, q0 : q0 + rows] = attention(
+            q64[q0 : q0 + rows], k64[k0 : k0 + cols], v64[k0 : k0 + cols], module.SOFTMAX_SCALE, visible
+        )
+    assert not compare_with_lse(got, got_lse, ref, ref_lse, "bfloat16")[2]
 
 
 @given(data=st.data())
