@@ -54,6 +54,7 @@ from .launch_policy import (
     decode_tile_loads,
     fp8_dots_in_float16,
     gluon_blocks,
+    gluon_narrow_limit,
     gluon_narrow_rows,
     gluon_small_batch_schedule,
     next_pow2,
@@ -1584,7 +1585,13 @@ def get_decode_schedule(
             f"the Gluon decode takes (block_n, registers, stages) in {list(m.DECODE_GLUON_SPACE)}, got {config!r}",
         )
         config = tuple(config)
-        narrow = gluon_narrow_rows(rows, m.DECODE_GLUON_NARROW_ROWS)
+        narrow_limit = gluon_narrow_limit(
+            m.DECODE_GLUON_NARROW_ROWS,
+            m.DECODE_GLUON_NARROW_ROWS_LARGE_BATCH,
+            batch_size=batch_size,
+            small_batch=m.DECODE_SMALL_BATCH,
+        )
+        narrow = gluon_narrow_rows(rows, narrow_limit)
         fp8_compute, fp8_compute_reason = gluon_fp8_compute(m, config_given, rows, narrow)
         tall_rows = not narrow  # query rows as the MMAs' M (see decode_sequence_runs)
         slots, fewest_blocks = gluon_small_batch_schedule(

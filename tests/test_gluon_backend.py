@@ -94,6 +94,13 @@ def test_stages_fill_shared_memory():
     assert all(lower_gluon_decode(dc, 64).smem_bytes <= 232448 for dc in (128, 256, 512))
 
 
+def test_the_narrow_form_is_wider_past_the_small_batches_with_a_16_bit_cache_only():
+    for dc in (256, 512):
+        assert (lower_gluon_decode(dc, 64).narrow_rows, lower_gluon_decode(dc, 64).narrow_rows_large_batch) == (16, 32)
+        fp8 = lower_gluon_decode(dc, 64, "float8_e4m3fn")
+        assert (fp8.narrow_rows, fp8.narrow_rows_large_batch) == (16, 16)
+
+
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
     spec = spec_from_dict(dict(name="select-me", num_heads=16, kv_lora_rank=512, qk_rope_head_dim=64, **GEOMETRY))

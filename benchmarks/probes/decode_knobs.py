@@ -7,8 +7,9 @@ CUDA-graph replay, and its bandwidth is printed beside a copy's measured in the 
 
 A variant's keys are get_decode_schedule's arguments (config as block_n/regs/stages or block_n/warps/stages,
 num_parts, min_blocks_per_part, backend, merge) and the options in force (tma=0 or 1); one experiment of a plan
-constant, narrow_rows:N, plans the variant's schedule with the module's DECODE_GLUON_NARROW_ROWS (plan.NARROW_ROWS:
-the most query rows the Gluon decode's narrow form takes) set to N, restored afterwards.
+constant, narrow_rows:N, plans the variant's schedule with the module's DECODE_GLUON_NARROW_ROWS and
+DECODE_GLUON_NARROW_ROWS_LARGE_BATCH (plan.NARROW_ROWS and NARROW_ROWS_LARGE_BATCH: the most query rows the Gluon
+decode's narrow form takes, at any batch and past the small batches) both set to N, restored afterwards.
 `auto` (the schedule every call would take) is always the first variant. --in-l2: every sequence reads the first
 sequence's pages, so the cache stays in L2 and the time is the kernel's own work, not its bytes.
 """
@@ -77,14 +78,18 @@ def main() -> None:
     )
     for name, schedule_args, options in variants:
         options = dict(options)
-        narrow_rows = options.pop("narrow_rows", module.DECODE_GLUON_NARROW_ROWS)
+        limits = ("DECODE_GLUON_NARROW_ROWS", "DECODE_GLUON_NARROW_ROWS_LARGE_BATCH")
+        planned = {name: getattr(module, name) for name in limits}
+        narrow_rows = options.pop("narrow_rows", None)
         with use_options(**options):
             try:
-                planned_narrow_rows, module.DECODE_GLUON_NARROW_ROWS = module.DECODE_GLUON_NARROW_ROWS, narrow_rows
                 try:
+                    for name in limits:
+                        setattr(module, name, planned[name] if narrow_rows is None else narrow_rows)
                     sched = module.get_decode_schedule(args.batch, args.seqlen_q, q.device, **schedule_args)
                 finally:
-                    module.DECODE_GLUON_NARROW_ROWS = planned_narrow_rows
+                    for name in limits:
+                        setattr(module, name, planned[name])
                 out = torch.empty(*q.shape[:3], module.KV_LORA_RANK, dtype=q.dtype, device=q.device)
                 lse = torch.empty(q.shape[0], module.NUM_HEADS, q.shape[1], dtype=torch.float32, device=q.device)
                 scaled = {} if kv_scale is None else {"kv_scale": kv_scale}
