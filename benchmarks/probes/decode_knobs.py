@@ -84,12 +84,12 @@ def main() -> None:
         with use_options(**options):
             try:
                 try:
-                    for name in limits:
-                        setattr(module, name, planned[name] if narrow_rows is None else narrow_rows)
+                    for limit in limits:
+                        setattr(module, limit, planned[limit] if narrow_rows is None else narrow_rows)
                     sched = module.get_decode_schedule(args.batch, args.seqlen_q, q.device, **schedule_args)
                 finally:
-                    for name in limits:
-                        setattr(module, name, planned[name])
+                    for limit in limits:
+                        setattr(module, limit, planned[limit])
                 out = torch.empty(*q.shape[:3], module.KV_LORA_RANK, dtype=q.dtype, device=q.device)
                 lse = torch.empty(q.shape[0], module.NUM_HEADS, q.shape[1], dtype=torch.float32, device=q.device)
                 scaled = {} if kv_scale is None else {"kv_scale": kv_scale}
