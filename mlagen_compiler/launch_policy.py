@@ -344,15 +344,16 @@ def gluon_narrow_rows(query_rows, narrow_rows):
     return 16 if query_rows <= 16 else 32
 
 
-def gluon_narrow_limit(narrow_rows, large_batch_rows, *, batch_size, small_batch):
+def gluon_narrow_limit(narrow_rows, large_batch_rows, *, batch_size, large_batch):
     """The most query rows (Sq * H) the Gluon decode's narrow form takes in a launch of batch_size sequences:
-    large_batch_rows (the plan's, 32 with a 16-bit cache) past small_batch sequences, else narrow_rows (16).
+    large_batch_rows (the plan's: 32 with a 16-bit cache or an fp8 one at Dc 512) from large_batch sequences on,
+    else narrow_rows (16).
 
-    Why: at 17-32 rows and B128 the narrow form 32 rows wide read the cache nearer the copy speed than rows padded
-    to a 64-row MMA (which computes twice the products it keeps); at B8 the narrow form's small-batch schedule lost
-    to the rows-as-M one's short blocks. Evidence: performance log, `NARROW_ROWS_LARGE_BATCH`.
+    Why: at 17-32 rows, B64 and B128, the narrow form 32 rows wide read the cache nearer the copy speed than rows
+    padded to a 64-row MMA (which computes twice the products it keeps); at B8-B32, where fewer blocks stream per
+    run, it was level or slower. Evidence: performance log, `NARROW_ROWS_LARGE_BATCH`.
     """
-    return large_batch_rows if batch_size > small_batch else narrow_rows
+    return large_batch_rows if batch_size >= large_batch else narrow_rows
 
 
 def gluon_small_batch_schedule(sm_count, *, narrow, batch_size, small_batch, min_blocks_per_part, fp8_cache):

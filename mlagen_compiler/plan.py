@@ -202,9 +202,10 @@ class GluonDecodePlan:
     #: Sq * H <= narrow_rows (0: never): the narrow form, whose MMAs take the query rows as their N (16 or 32
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
-    #: ... and the same for batches of more than DecodePlan.small_batch_max sequences (NARROW_ROWS_LARGE_BATCH with a
-    #: 16-bit cache, else narrow_rows; launch_policy.gluon_narrow_limit)
+    #: ... and the same for batches of at least narrow_large_batch sequences (NARROW_ROWS_LARGE_BATCH with a 16-bit
+    #: cache or an fp8 one at Dc 512, else narrow_rows; launch_policy.gluon_narrow_limit)
     narrow_rows_large_batch: int
+    narrow_large_batch: int
     #: short runs of small batches with rows as the MMAs' M and a 16-bit cache (launch_policy.gluon_short_blocks):
     #: cache positions a block and ring stages instead of block_n and the tuned stages
     small_batch_block_n: int
@@ -301,11 +302,12 @@ LAND_WIDE_WARPS_MAX_DC = 256
 #: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide):
 #: faster than rows padded to 64 at 16 rows, bf16 and fp8. Evidence: performance log, `NARROW_ROWS`
 NARROW_ROWS = 16
-#: ... and up to which a batch of more than SMALL_BATCH_MAX sequences does with a 16-bit cache (32 rows wide at
-#: 17-32 rows): faster than rows padded to 64 on the H200 at H32 Sq 1 (Dc 256 and 512) and H16 Sq 2, B128; slower
-#: at B8 (whose small-batch schedule then changes) and with an fp8 cache at Dc 256, which keep NARROW_ROWS.
+#: ... and up to which a batch of at least NARROW_LARGE_BATCH sequences does with a 16-bit cache or an fp8 one at Dc
+#: 512 (32 rows wide at 17-32 rows): faster than rows padded to 64 on the H200 at H32 Sq 1 (Dc 256 and 512) and H16
+#: Sq 2, B64 and B128; level or slower at B8-B32, and with an fp8 cache at Dc 256, which keep NARROW_ROWS.
 #: Evidence: performance log, `NARROW_ROWS_LARGE_BATCH`
 NARROW_ROWS_LARGE_BATCH = 32
+NARROW_LARGE_BATCH = 64
 #: latent 64-column chunks the fp8 landing producer lands, reads and converts per mbarrier handshake (a power
 #: of two; Dc / 64 at most): 2 the fastest of 1 to 8 at Dc 512, level with 1 at Dc 256. Evidence: performance
 #: log, `LAND_GROUP`
@@ -457,7 +459,8 @@ def lower_gluon_decode(
         land_ring_slots=land_ring_slots,
         land_ring_stages=LAND_RING_STAGES,
         narrow_rows=NARROW_ROWS,
-        narrow_rows_large_batch=NARROW_ROWS if convert else NARROW_ROWS_LARGE_BATCH,
+        narrow_rows_large_batch=NARROW_ROWS_LARGE_BATCH if not convert or dc == FP8_NARROW_DC else NARROW_ROWS,
+        narrow_large_batch=NARROW_LARGE_BATCH,
         small_batch_block_n=SMALL_BATCH_BLOCK_N,
         small_batch_stages=SMALL_BATCH_STAGES,
         # (a 16-bit cache only: an fp8 cache's landing zone would not fit beside them)

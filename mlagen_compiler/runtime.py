@@ -1589,7 +1589,7 @@ def get_decode_schedule(
             m.DECODE_GLUON_NARROW_ROWS,
             m.DECODE_GLUON_NARROW_ROWS_LARGE_BATCH,
             batch_size=batch_size,
-            small_batch=m.DECODE_SMALL_BATCH,
+            large_batch=m.DECODE_GLUON_NARROW_LARGE_BATCH,
         )
         narrow = gluon_narrow_rows(rows, narrow_limit)
         fp8_compute, fp8_compute_reason = gluon_fp8_compute(m, config_given, rows, narrow)
@@ -2168,10 +2168,11 @@ def gluon_fp8_compute(m, config_given, query_rows, narrow):
     the H200, with rows as the MMAs' M they lost to it (plan.FP8_NARROW_DC; docs/performance-log.md)."""
     if not getattr(m, "DECODE_GLUON_FP8_COMPUTE", False):
         return False, ""
-    if not narrow:
+    if not narrow or query_rows > m.DECODE_GLUON_NARROW_ROWS:
         return False, (
             f"Sq * H = {query_rows} query rows > {m.DECODE_GLUON_NARROW_ROWS}: the fp8 products run only in the narrow"
-            " form, where they beat the exact path on the H200 (docs/performance-log.md)"
+            f" form of at most {m.DECODE_GLUON_NARROW_ROWS} rows, where they beat the exact path on the H200"
+            " (docs/performance-log.md)"
         )
     if config_given:
         return False, "config= forces the exact kernel's tile"

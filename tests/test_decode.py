@@ -211,29 +211,36 @@ def test_gluon_narrow_and_wide_forms_both_match_the_reference(build_module, devi
 
 
 @pytest.mark.parametrize("page_size", [64, 16])
-def test_gluon_narrow_form_32_rows_wide_past_the_small_batches(build_module, device, page_size):
-    """Past DECODE_SMALL_BATCH sequences, 17-32 query rows with a 16-bit cache take the narrow form 32 rows wide
-    (H32 Sq 1 at Dc 256, H16 Sq 2 at Dc 512); with the wider limit turned off the same inputs run rows padded to
-    64. Both against the reference: page edges, an empty sequence, splits, NaN in every unused slot. GPU only."""
+def test_gluon_narrow_form_32_rows_wide_in_large_batches(build_module, device, page_size):
+    """From DECODE_GLUON_NARROW_LARGE_BATCH sequences on, 17-32 query rows take the narrow form 32 rows wide with a
+    16-bit cache (H32 Sq 1 at Dc 256, H16 Sq 2 at Dc 512) and with an fp8 one at Dc 512 (H16 Sq 2), not with an fp8
+    one at Dc 256 (H32 Sq 1: rows as the MMAs' M); with the wider limit turned off the same inputs run rows padded
+    to 64. Each against the reference: page edges, empty sequences, splits, NaN in every unused slot. GPU only."""
     require_gluon_gpu(build_module, device)
-    for heads, dc, seqlen_q in ((32, 256, 1), (16, 512, 2)):
+    for heads, dc, seqlen_q, cache_dtype, narrow in (
+        (32, 256, 1, None, 32),
+        (16, 512, 2, None, 32),
+        (16, 512, 2, "float8_e4m3fn", 32),
+        (32, 256, 1, "float8_e4m3fn", 0),
+    ):
         problem = gpu_problem(
             heads=heads,
             dc=dc,
             page_size=page_size,
-            cache_dtype=None,
+            cache_dtype=cache_dtype,
             seqlen_q=seqlen_q,
-            seqlens=[1, 63, 65, 0, 197, 700, 64, 129, 2000, 5],
+            seqlens=[1, 63, 65, 0, 197, 700, 64, 129, 2000, 5] * 7,
             seed=77 * heads + seqlen_q,
         )
         module = module_for(build_module, problem)
         batch = len(problem["seqlens"])
-        assert batch > module.DECODE_SMALL_BATCH
-        assert module.get_decode_schedule(batch, seqlen_q, device).narrow == 32
+        assert batch >= module.DECODE_GLUON_NARROW_LARGE_BATCH
+        assert module.get_decode_schedule(batch, seqlen_q, device).narrow == narrow
         check_decode(module, device, problem, "gluon")
-        with patch.object(module, "DECODE_GLUON_NARROW_ROWS_LARGE_BATCH", module.DECODE_GLUON_NARROW_ROWS):
-            assert module.get_decode_schedule(batch, seqlen_q, device).narrow == 0
-            check_decode(module, device, problem, "gluon")
+        if narrow:
+            with patch.object(module, "DECODE_GLUON_NARROW_ROWS_LARGE_BATCH", module.DECODE_GLUON_NARROW_ROWS):
+                assert module.get_decode_schedule(batch, seqlen_q, device).narrow == 0
+                check_decode(module, device, problem, "gluon")
 
 
 @pytest.mark.parametrize("merge", ["fused", "kernel"])

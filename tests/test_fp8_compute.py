@@ -185,6 +185,8 @@ def test_the_schedule_takes_the_fp8_products_in_the_narrow_form_only(tmp_path):
     assert not taken and "\n" not in why, why
     for word in ("Sq * H = 32", "> 16", "narrow form", "docs/performance-log.md"):
         assert word in why, (word, why)
+    # 32 query rows in the narrow form 32 wide (a large batch): the exact kernel, for the same reason
+    assert runtime.gluon_fp8_compute(module, False, 32, 32) == (False, why)
     taken, why = route(1, config_given=True)  # (a forced tile: the exact kernel as given)
     assert not taken and "config=" in why, why
     exact = import_source(module_source(resolve_spec("deepseek-v3-tp8-fp8")), tmp_path, "exact")

@@ -9,7 +9,7 @@ A variant's keys are get_decode_schedule's arguments (config as block_n/regs/sta
 num_parts, min_blocks_per_part, backend, merge) and the options in force (tma=0 or 1); one experiment of a plan
 constant, narrow_rows:N, plans the variant's schedule with the module's DECODE_GLUON_NARROW_ROWS and
 DECODE_GLUON_NARROW_ROWS_LARGE_BATCH (plan.NARROW_ROWS and NARROW_ROWS_LARGE_BATCH: the most query rows the Gluon
-decode's narrow form takes, at any batch and past the small batches) both set to N, restored afterwards.
+decode's narrow form takes, at any batch and in large batches) both set to N, restored afterwards.
 `auto` (the schedule every call would take) is always the first variant. --in-l2: every sequence reads the first
 sequence's pages, so the cache stays in L2 and the time is the kernel's own work, not its bytes.
 """
