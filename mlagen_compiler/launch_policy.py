@@ -346,8 +346,7 @@ def gluon_narrow_rows(query_rows, narrow_rows):
 
 def gluon_narrow_limit(narrow_rows, large_batch_rows, *, batch_size, large_batch):
     """The most query rows (Sq * H) the Gluon decode's narrow form takes in a launch of batch_size sequences:
-    large_batch_rows (the plan's: 32 with a 16-bit cache or an fp8 one at Dc 512) from large_batch sequences on,
-    else narrow_rows (16).
+    large_batch_rows (the plan's: 32 with a 16-bit cache) from large_batch sequences on, else narrow_rows (16).
 
     Why: at 17-32 rows, B64 and B128, the narrow form 32 rows wide read the cache nearer the copy speed than rows
     padded to a 64-row MMA (which computes twice the products it keeps); at B8-B32, where fewer blocks stream per

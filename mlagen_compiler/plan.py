@@ -203,7 +203,7 @@ class GluonDecodePlan:
     #: wide: S^T = K Q^T, O^T = V^T P^T) instead of padding them to block_m rows
     narrow_rows: int
     #: ... and the same for batches of at least narrow_large_batch sequences (NARROW_ROWS_LARGE_BATCH with a 16-bit
-    #: cache or an fp8 one at Dc 512, else narrow_rows; launch_policy.gluon_narrow_limit)
+    #: cache, else narrow_rows; launch_policy.gluon_narrow_limit)
     narrow_rows_large_batch: int
     narrow_large_batch: int
     #: short runs of small batches with rows as the MMAs' M and a 16-bit cache (launch_policy.gluon_short_blocks):
@@ -302,10 +302,10 @@ LAND_WIDE_WARPS_MAX_DC = 256
 #: query rows (Sq * H) up to which the Gluon decode computes the narrow form (its MMAs 16 query rows wide):
 #: faster than rows padded to 64 at 16 rows, bf16 and fp8. Evidence: performance log, `NARROW_ROWS`
 NARROW_ROWS = 16
-#: ... and up to which a batch of at least NARROW_LARGE_BATCH sequences does with a 16-bit cache or an fp8 one at Dc
-#: 512 (32 rows wide at 17-32 rows): faster than rows padded to 64 on the H200 at H32 Sq 1 (Dc 256 and 512) and H16
-#: Sq 2, B64 and B128; level or slower at B8-B32, and with an fp8 cache at Dc 256, which keep NARROW_ROWS.
-#: Evidence: performance log, `NARROW_ROWS_LARGE_BATCH`
+#: ... and up to which a batch of at least NARROW_LARGE_BATCH sequences does with a 16-bit cache (32 rows wide at
+#: 17-32 rows): faster than rows padded to 64 on the H200 at H32 Sq 1 (Dc 256 and 512) and H16 Sq 2, B64 and B128;
+#: level or slower at B8-B32. An fp8 cache keeps NARROW_ROWS: slower 32 wide at Dc 256; faster at Dc 512, but that
+#: path has not been through the GPU tests. Evidence: performance log, `NARROW_ROWS_LARGE_BATCH`
 NARROW_ROWS_LARGE_BATCH = 32
 NARROW_LARGE_BATCH = 64
 #: latent 64-column chunks the fp8 landing producer lands, reads and converts per mbarrier handshake (a power
@@ -459,7 +459,7 @@ def lower_gluon_decode(
         land_ring_slots=land_ring_slots,
         land_ring_stages=LAND_RING_STAGES,
         narrow_rows=NARROW_ROWS,
-        narrow_rows_large_batch=NARROW_ROWS_LARGE_BATCH if not convert or dc == FP8_NARROW_DC else NARROW_ROWS,
+        narrow_rows_large_batch=NARROW_ROWS if convert else NARROW_ROWS_LARGE_BATCH,
         narrow_large_batch=NARROW_LARGE_BATCH,
         small_batch_block_n=SMALL_BATCH_BLOCK_N,
         small_batch_stages=SMALL_BATCH_STAGES,

@@ -387,7 +387,7 @@ def test_gluon_narrow_form_up_to_its_row_limit():
 def test_gluon_narrow_limit_is_wider_in_large_batches():
     limit = [lp.gluon_narrow_limit(16, 32, batch_size=b, large_batch=64) for b in (1, 8, 32, 63, 64, 128)]
     assert limit == [16, 16, 16, 16, 32, 32]
-    assert lp.gluon_narrow_limit(16, 16, batch_size=128, large_batch=64) == 16  # (an fp8 cache's plan at Dc 256)
+    assert lp.gluon_narrow_limit(16, 16, batch_size=128, large_batch=64) == 16  # (an fp8 cache's plan)
 
 
 def test_gluon_small_narrow_batches_take_half_the_sms_and_short_runs():
