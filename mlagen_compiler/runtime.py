@@ -1397,11 +1397,25 @@ class DecodeSchedule:
         fp8_compute_reason="",
     ):
         m = self._module
+        rows = seqlen_q * m.NUM_HEADS if type(seqlen_q) is int else None
+        # the narrow form's width: the kernels compute exactly its N query rows (fewer than Sq * H: rows not computed)
         _check(
-            not fp8_compute or (getattr(m, "DECODE_GLUON_FP8_COMPUTE", False) and backend == "gluon" and narrow > 0),
+            narrow == 0 or (narrow in (16, 32) and backend == "gluon" and rows is not None and rows <= narrow),
+            "narrow",
+            f"0, or 16 or 32 for a Gluon schedule of at most that many query rows (Sq * H), got narrow={narrow!r},"
+            f" backend={backend!r}, Sq * H = {rows} (use get_decode_schedule)",
+        )
+        _check(
+            not fp8_compute
+            or (
+                getattr(m, "DECODE_GLUON_FP8_COMPUTE", False)
+                and backend == "gluon"
+                and 0 < narrow <= m.DECODE_GLUON_NARROW_ROWS
+            ),
             "fp8_compute",
-            "True only for a Gluon schedule in the narrow form (narrow > 0) of a module with cache_compute fp8's"
-            f" products, got backend={backend!r}, narrow={narrow!r} (use get_decode_schedule)",
+            f"True only for a Gluon schedule in the narrow form at most {m.DECODE_GLUON_NARROW_ROWS} wide"
+            f" (0 < narrow <= {m.DECODE_GLUON_NARROW_ROWS}) of a module with cache_compute fp8's products, got"
+            f" backend={backend!r}, narrow={narrow!r} (use get_decode_schedule)",
         )
         self.spec_hash = m.SPEC_HASH
         self.batch_size = batch_size

@@ -522,17 +522,29 @@ def test_fp8_compute_past_the_narrow_form_runs_the_exact_path(build_module, devi
 
 
 def test_a_schedule_built_by_hand_takes_the_fp8_products_only_where_they_run(tmp_path):
-    """DecodeSchedule(fp8_compute=True) outside the narrow form, on the portable backend or for a module without
-    the products is a one-line ValueError naming fp8_compute, not a launch of a kernel that is not there."""
+    """DecodeSchedule(fp8_compute=True) outside the narrow form 16 wide, on the portable backend or for a module
+    without the products is a one-line ValueError naming fp8_compute, not a launch of a kernel that is not there (or
+    of one never measured nor tested: 32 wide); a narrow width that is not 16 or 32, narrower than the query rows or
+    on the portable backend is one naming narrow, not a kernel computing fewer rows than the call has."""
     mma = import_source(module_source(with_fp8_compute(resolve_spec("deepseek-v3-tp8-fp8"))), tmp_path, "mma")
     exact = import_source(module_source(resolve_spec("deepseek-v3-tp8-fp8")), tmp_path, "exact")
-    for module, backend, narrow in ((mma, "gluon", 0), (mma, "triton", 16), (exact, "gluon", 16)):
+
+    def schedule(module, seqlen_q, backend, narrow, fp8_compute=False):
+        return module.DecodeSchedule(
+            2, seqlen_q, module.DECODE_GLUON_BLOCK_M, 8, 1, module.DECODE_GLUON_DEFAULT, 132, backend=backend,
+            narrow=narrow, fp8_compute=fp8_compute,
+        )  # fmt: skip
+
+    for module, seqlen_q, backend, narrow in ((mma, 1, "gluon", 0), (exact, 1, "gluon", 16), (mma, 2, "gluon", 32)):
         with pytest.raises(ValueError, match=r"^fp8_compute: ") as error:
-            module.DecodeSchedule(
-                2, 1, module.DECODE_GLUON_BLOCK_M, 8, 1, module.DECODE_GLUON_DEFAULT, 132, backend=backend,
-                narrow=narrow, fp8_compute=True,
-            )  # fmt: skip
+            schedule(module, seqlen_q, backend, narrow, fp8_compute=True)
         assert "\n" not in str(error.value) and f"backend={backend!r}" in str(error.value)
+    # (H16: Sq 1 is 16 query rows, Sq 2 is 32)
+    for seqlen_q, backend, narrow in ((2, "gluon", 16), (1, "gluon", 24), (1, "triton", 16), (3, "gluon", 32)):
+        with pytest.raises(ValueError, match=r"^narrow: ") as error:
+            schedule(exact, seqlen_q, backend, narrow)
+        assert "\n" not in str(error.value) and f"narrow={narrow!r}" in str(error.value)
+    assert schedule(exact, 2, "gluon", 32).narrow == 32 and schedule(mma, 1, "gluon", 16, fp8_compute=True).fp8_compute
 
 
 def test_mlagen_verify_judges_a_decode_by_the_products_bound_where_the_launch_ran_them():
